@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what attnserve needs to build, test and serve on Debian 12 (bookworm), as root.
+# Idempotent: packages already present are skipped, so a second run costs a second.
+#   deploy/install-deps.sh            build + test + serve
+#   deploy/install-deps.sh --torch    also PyTorch (golden fixtures, PyTorch benchmark)
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libdnnl-dev                                   # oneDNN 2.6 (OpenMP)
+  libgrpc++-dev protobuf-compiler-grpc          # gRPC 1.51 + grpc_cpp_plugin, grpc_python_plugin
+  libprotobuf-dev protobuf-compiler             # protobuf 3.21
+  libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  python3 python3-grpcio python3-numpy          # the Python client example and its test
+)
+[[ "${1:-}" == "--torch" ]] && packages+=(python3-torch)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} )); then
+  sudo=""; (( EUID == 0 )) || sudo="sudo"
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
