@@ -7,7 +7,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
-  libdnnl-dev                                   # oneDNN 2.6 (OpenMP)
+  libdnnl-dev ocl-icd-opencl-dev                # oneDNN 2.6 (OpenMP); its CMake config wants OpenCL
   libgrpc++-dev protobuf-compiler-grpc          # gRPC 1.51 + grpc_cpp_plugin, grpc_python_plugin
   libprotobuf-dev protobuf-compiler             # protobuf 3.21
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev

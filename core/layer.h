@@ -1,0 +1,67 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/layer_spec.h"
+#include "core/ragged_batch.h"
+#include "core/weights.h"
+
+namespace attnserve::core {
+
+// One forward call: which kind, the queries' batch and, for the cross kinds, the context's.
+struct ForwardArgs {
+  AttentionKind kind = AttentionKind::kBidirectional;
+  RaggedBatch input;                   // width d_model
+  std::optional<RaggedBatch> context;  // width d_context; present exactly for the cross kinds
+  bool return_attention = false;
+};
+
+// Sizes of what Forward writes, so a caller can provide the buffers (e.g. inside a reply).
+struct ForwardShapes {
+  int64_t output_rows = 0;   // = input.rows(): the output has the input's layout
+  int64_t output_width = 0;  // spec.d_output()
+  // [batch, num_heads, input.view_length(), kv.view_length()] when asked for, else all 0.
+  int64_t attention_dims[4] = {0, 0, 0, 0};
+
+  int64_t output_size() const { return output_rows * output_width; }
+  int64_t attention_size() const;
+};
+
+// A loaded attention layer on the process's oneDNN CPU engine. Immutable once made:
+// Forward may be called from several threads at once.
+class Layer {
+ public:
+  // Takes the weights (checked with CheckWeights) and prepares them for `precision`.
+  static absl::StatusOr<std::shared_ptr<const Layer>> Create(LayerWeights weights,
+                                                             Precision precision = Precision::kF32);
+  ~Layer();
+
+  const LayerSpec& spec() const;
+  Precision precision() const;
+
+  // Checks a call against this layer: widths vs d_model/d_context, lengths vs padded length,
+  // negative lengths, context present exactly for cross kinds, self kinds on a cross-only layer.
+  // InvalidArgument with a message that says what is wrong. The one place these are decided.
+  absl::Status Validate(const ForwardArgs& args) const;
+
+  // The sizes of Forward's outputs for a valid call.
+  ForwardShapes Shapes(const ForwardArgs& args) const;
+
+  // Runs the layer. `output` has Shapes().output_size() floats, `attention` attention_size()
+  // (empty when not asked). Padded rows of the output and masked probabilities are written 0.
+  // Validates first; oneDNN failures come back as Internal, never as exceptions.
+  absl::Status Forward(const ForwardArgs& args, std::span<float> output,
+                       std::span<float> attention = {}) const;
+
+ private:
+  struct Impl;
+  explicit Layer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace attnserve::core

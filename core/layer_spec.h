@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace attnserve::core {
+
+// Which positions a query may see; the cross kinds read keys and values from a context.
+enum class AttentionKind { kBidirectional, kCausal, kCross, kCausalCross };
+
+// True for the kinds that mask keys after the query's own position (top-left aligned).
+constexpr bool IsCausal(AttentionKind kind) {
+  return kind == AttentionKind::kCausal || kind == AttentionKind::kCausalCross;
+}
+
+// True for the kinds whose keys and values come from a separate context batch.
+constexpr bool IsCross(AttentionKind kind) {
+  return kind == AttentionKind::kCross || kind == AttentionKind::kCausalCross;
+}
+
+std::string_view KindName(AttentionKind kind);
+
+// How the layer's weights were named in its file (DESIGN.md, "Weights").
+enum class WeightLayout {
+  kSeparate,       // W_q, W_k, W_v
+  kQueryKeyValue,  // w_query, w_key, w_value
+  kFusedQkv,       // Wqkv, Wo
+  kQueryKv,        // Wq, Wkv, Wo
+  kTorchMha,       // in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias
+  kBuiltIn,        // made in code (the demo layer)
+};
+
+std::string_view LayoutName(WeightLayout layout);
+
+// What the matmuls run in; softmax and accumulation are always f32.
+enum class Precision { kF32, kBF16 };
+
+std::string_view PrecisionName(Precision precision);
+
+// The shape of one attention layer.
+struct LayerSpec {
+  int64_t d_model = 0;    // width of the input and of the output
+  int64_t d_context = 0;  // width of the cross-attention context (d_model unless said)
+  int64_t num_heads = 0;
+  int64_t head_dim = 0;   // d_model / num_heads unless said
+  bool has_bias = false;
+  bool has_output_projection = false;
+  WeightLayout layout = WeightLayout::kBuiltIn;
+
+  // Width of Q, K and V: num_heads * head_dim (may differ from d_model).
+  int64_t inner() const { return num_heads * head_dim; }
+  // Width of the layer's output: d_model with an output projection, inner without one.
+  int64_t d_output() const { return has_output_projection ? d_model : inner(); }
+  // Self kinds read keys and values from the input, which needs d_context == d_model.
+  bool serves_self_attention() const { return d_context == d_model; }
+};
+
+}  // namespace attnserve::core

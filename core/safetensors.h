@@ -1,0 +1,32 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace attnserve::core {
+
+// One tensor of a safetensors file, converted to float32.
+struct StoredTensor {
+  std::string dtype;             // as stored: "F32", "F16" or "BF16"
+  std::vector<int64_t> shape;
+  std::vector<float> values;     // row-major, converted to f32
+};
+
+// The contents of a safetensors file: an 8-byte little-endian header length, a JSON header
+// ({name: {dtype, shape, data_offsets}, "__metadata__": {...}}), then the raw data.
+struct SafetensorsFile {
+  std::string path;
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, StoredTensor> tensors;
+};
+
+// Reads and checks a whole file. Refuses (InvalidArgument / NotFound, naming the file and the
+// tensor) a short file, a header length past the end, bad JSON, offsets out of range or
+// overlapping, a dtype other than F32/F16/BF16, a shape that does not match its byte size.
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+}  // namespace attnserve::core
