@@ -1,1 +1,315 @@
-// placeholder
+// A safetensors reader of our own: the format is small (8-byte length, JSON header, raw data)
+// and owning it lets every malformed file become a Status instead of an exception or a crash.
+#include "core/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace attnserve::core {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; a big-endian host would need byte swaps");
+
+// The safetensors specification's own limit; it also stops a corrupt length from making us
+// allocate gigabytes before we know the file is bad.
+constexpr uint64_t kMaxHeaderBytes = 100 * 1024 * 1024;
+
+using Json = nlohmann::json;
+
+// What the header says about one tensor, before any data is read.
+struct TensorEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+absl::Status Invalid(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid safetensors file: ", what));
+}
+
+absl::Status InvalidTensor(const std::string& path, const std::string& name,
+                           const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "': ", what));
+}
+
+// Bytes per element of every dtype the format defines (0: not a safetensors dtype). Knowing the
+// ones we do not convert still lets us check the layout of a file that holds them.
+int64_t DtypeBytes(std::string_view dtype) {
+  static constexpr std::pair<std::string_view, int64_t> kSizes[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
+      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},    {"U32", 4},     {"F32", 4},
+      {"I64", 8},  {"U64", 8}, {"F64", 8}};
+  for (const auto& [name, bytes] : kSizes) {
+    if (name == dtype) return bytes;
+  }
+  return 0;
+}
+
+bool IsConvertible(std::string_view dtype) {
+  return dtype == "F32" || dtype == "F16" || dtype == "BF16";
+}
+
+// A JSON value that is a non-negative integer, as a uint64 (nullopt otherwise).
+std::optional<uint64_t> AsUnsigned(const Json& value) {
+  if (value.is_number_unsigned()) return value.get<uint64_t>();
+  if (value.is_number_integer() && value.get<int64_t>() >= 0) {
+    return static_cast<uint64_t>(value.get<int64_t>());
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<TensorEntry> ParseEntry(const std::string& path, const std::string& name,
+                                       const Json& value) {
+  TensorEntry entry;
+  entry.name = name;
+  if (!value.is_object()) return InvalidTensor(path, name, "header entry is not an object");
+  auto dtype = value.find("dtype");
+  auto shape = value.find("shape");
+  auto offsets = value.find("data_offsets");
+  if (dtype == value.end() || !dtype->is_string() || shape == value.end() ||
+      !shape->is_array() || offsets == value.end() || !offsets->is_array()) {
+    return InvalidTensor(path, name, "header entry needs dtype, shape and data_offsets");
+  }
+  entry.dtype = dtype->get<std::string>();
+  for (const Json& dim : *shape) {
+    std::optional<uint64_t> d = AsUnsigned(dim);
+    if (!d || *d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return InvalidTensor(path, name, "shape has an entry that is not a non-negative integer");
+    }
+    entry.shape.push_back(static_cast<int64_t>(*d));
+  }
+  std::optional<uint64_t> begin, end;
+  if (offsets->size() == 2) begin = AsUnsigned((*offsets)[0]), end = AsUnsigned((*offsets)[1]);
+  if (!begin || !end || *begin > *end) {
+    return InvalidTensor(path, name, "data_offsets must be two integers [begin, end], begin <= end");
+  }
+  entry.begin = *begin;
+  entry.end = *end;
+  return entry;
+}
+
+// The byte size the shape and dtype imply must be the size the offsets give, computed without
+// overflow (a shape like [2^62, 8] must be refused, not wrap around).
+absl::Status CheckEntrySize(const std::string& path, const TensorEntry& entry) {
+  const int64_t element_bytes = DtypeBytes(entry.dtype);
+  if (element_bytes == 0) {
+    return InvalidTensor(path, entry.name, absl::StrCat("unknown dtype '", entry.dtype, "'"));
+  }
+  uint64_t bytes = static_cast<uint64_t>(element_bytes);
+  for (int64_t dim : entry.shape) {
+    const uint64_t d = static_cast<uint64_t>(dim);
+    if (d != 0 && bytes > std::numeric_limits<uint64_t>::max() / d) {
+      return InvalidTensor(path, entry.name, "shape is too large (its byte size overflows)");
+    }
+    bytes *= d;
+  }
+  if (bytes != entry.end - entry.begin) {
+    return InvalidTensor(path, entry.name,
+                         absl::StrCat("shape and dtype need ", bytes, " bytes, data_offsets give ",
+                                      entry.end - entry.begin));
+  }
+  return absl::OkStatus();
+}
+
+// The tensors must tile the data section exactly: no byte shared, no byte unused, none past
+// the end. Gaps and overlaps are how a truncated or hand-edited file shows itself.
+absl::Status CheckCoverage(const std::string& path, std::vector<TensorEntry>& entries,
+                           uint64_t data_bytes) {
+  std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
+  uint64_t covered = 0;
+  for (const TensorEntry& entry : entries) {
+    if (entry.end > data_bytes) {
+      return InvalidTensor(path, entry.name,
+                           absl::StrCat("data_offsets end ", entry.end,
+                                        " is past the data section (", data_bytes, " bytes)"));
+    }
+    if (entry.begin < covered) {
+      return InvalidTensor(path, entry.name, "data overlaps the previous tensor's");
+    }
+    if (entry.begin > covered) {
+      return InvalidTensor(path, entry.name,
+                           absl::StrCat("bytes ", covered, "..", entry.begin, " belong to no tensor"));
+    }
+    covered = entry.end;
+  }
+  if (covered != data_bytes) {
+    return Invalid(path, absl::StrCat("the data section has ", data_bytes - covered,
+                                      " trailing bytes that belong to no tensor"));
+  }
+  return absl::OkStatus();
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {  // infinity or NaN keep their payload
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {  // normal: rebias 15 -> 127
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalise, every one is a normal float
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+std::vector<float> ConvertToFloat(std::string_view dtype, const std::vector<char>& raw) {
+  std::vector<float> values;
+  if (dtype == "F32") {
+    values.resize(raw.size() / 4);
+    std::memcpy(values.data(), raw.data(), values.size() * 4);
+    return values;
+  }
+  values.resize(raw.size() / 2);
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, raw.data() + 2 * i, 2);
+    values[i] = dtype == "F16" ? HalfToFloat(bits) : BFloat16ToFloat(bits);
+  }
+  return values;
+}
+
+absl::Status ParseMetadata(const std::string& path, const Json& value,
+                           std::map<std::string, std::string>& metadata) {
+  if (!value.is_object()) return Invalid(path, "__metadata__ is not an object");
+  for (const auto& [key, item] : value.items()) {
+    if (!item.is_string()) {
+      return Invalid(path, absl::StrCat("__metadata__ '", key, "' is not a string"));
+    }
+    metadata[key] = item.get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// Parses the JSON header: metadata into `file`, one entry per tensor into `entries`.
+absl::Status ParseHeader(const std::string& path, const std::string& text, SafetensorsFile& file,
+                         std::vector<TensorEntry>& entries) {
+  const Json header = Json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) return Invalid(path, "the header is not valid JSON");
+  if (!header.is_object()) return Invalid(path, "the header is not a JSON object");
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      if (absl::Status s = ParseMetadata(path, value, file.metadata); !s.ok()) return s;
+      continue;
+    }
+    absl::StatusOr<TensorEntry> entry = ParseEntry(path, name, value);
+    if (!entry.ok()) return entry.status();
+    if (absl::Status s = CheckEntrySize(path, *entry); !s.ok()) return s;
+    entries.push_back(*std::move(entry));
+  }
+  return absl::OkStatus();
+}
+
+// Reads the 8-byte length and the header text, refusing lengths the file cannot hold before
+// allocating anything for them.
+absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstream& in,
+                                           uint64_t file_bytes) {
+  if (file_bytes < 8) {
+    return Invalid(path, absl::StrCat("the file has ", file_bytes, " bytes, fewer than the 8 of "
+                                      "the header length"));
+  }
+  unsigned char length_bytes[8];
+  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length_bytes[i];
+  if (header_bytes > file_bytes - 8) {
+    return Invalid(path, absl::StrCat("the header length ", header_bytes, " is past the end of the "
+                                      "file (", file_bytes, " bytes)"));
+  }
+  if (header_bytes > kMaxHeaderBytes) {
+    return Invalid(path, absl::StrCat("the header length ", header_bytes, " exceeds the limit of ",
+                                      kMaxHeaderBytes));
+  }
+  std::string text(header_bytes, '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(header_bytes))) {
+    return absl::DataLossError(absl::StrCat(path, ": could not read the header"));
+  }
+  return text;
+}
+
+absl::Status ReadTensorData(const std::string& path, std::ifstream& in, uint64_t data_start,
+                            const TensorEntry& entry, SafetensorsFile& file) {
+  if (!IsConvertible(entry.dtype)) {
+    return InvalidTensor(path, entry.name,
+                         absl::StrCat("unsupported dtype '", entry.dtype,
+                                      "' (attnserve reads F32, F16 and BF16)"));
+  }
+  std::vector<char> raw(entry.end - entry.begin);
+  in.seekg(static_cast<std::streamoff>(data_start + entry.begin));
+  if (!in.read(raw.data(), static_cast<std::streamsize>(raw.size()))) {
+    return absl::DataLossError(absl::StrCat(path, ": tensor '", entry.name, "': read failed"));
+  }
+  StoredTensor& tensor = file.tensors[entry.name];
+  tensor.dtype = entry.dtype;
+  tensor.shape = entry.shape;
+  tensor.values = ConvertToFloat(entry.dtype, raw);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const TensorFilter& wanted) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the file"));
+  const std::streamoff end = in.tellg();
+  if (end < 0) return absl::DataLossError(absl::StrCat(path, ": cannot tell the file's size"));
+  const uint64_t file_bytes = static_cast<uint64_t>(end);
+  in.seekg(0);
+
+  absl::StatusOr<std::string> text = ReadHeaderText(path, in, file_bytes);
+  if (!text.ok()) return text.status();
+  SafetensorsFile file;
+  file.path = path;
+  std::vector<TensorEntry> entries;
+  if (absl::Status s = ParseHeader(path, *text, file, entries); !s.ok()) return s;
+  const uint64_t data_start = 8 + text->size();
+  if (absl::Status s = CheckCoverage(path, entries, file_bytes - data_start); !s.ok()) return s;
+  for (const TensorEntry& entry : entries) {
+    if (wanted && !wanted(entry.name)) continue;
+    if (absl::Status s = ReadTensorData(path, in, data_start, entry, file); !s.ok()) return s;
+  }
+  return file;
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  return ReadSafetensors(path, TensorFilter());
+}
+
+// nlohmann and the standard library may still throw (bad_alloc, a type error we missed):
+// nothing escapes this boundary.
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
+                                                const TensorFilter& wanted) {
+  try {
+    return ReadChecked(path, wanted);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a valid safetensors file: ", e.what()));
+  }
+}
+
+}  // namespace attnserve::core

@@ -1,8 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,5 +30,13 @@ struct SafetensorsFile {
 // tensor) a short file, a header length past the end, bad JSON, offsets out of range or
 // overlapping, a dtype other than F32/F16/BF16, a shape that does not match its byte size.
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+// Says which tensors to read; an empty filter reads them all.
+using TensorFilter = std::function<bool(std::string_view name)>;
+
+// Like the above, but converts only the tensors `wanted` accepts: the others (e.g. the rest of a
+// bigger model, in any dtype) are still checked for layout but neither read nor refused.
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
+                                                const TensorFilter& wanted);
 
 }  // namespace attnserve::core
