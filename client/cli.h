@@ -1,0 +1,78 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+
+// The attnserve-client subcommands. Each Run* returns the status the process exits with:
+// OK -> 0, otherwise the status code's number (NOT_FOUND -> 5), after printing it.
+namespace attnserve::client {
+
+// Flags every subcommand shares: where the server is and how long to wait.
+struct ConnectionFlags {
+  std::string target = "localhost:50051";
+  double timeout_seconds = 30;  // per call; 0: no deadline
+  int max_message_mib = 256;
+};
+
+// Flags that describe one Forward call (infer sends it once, bench many times).
+struct CallFlags {
+  std::string model;
+  std::string kind = "bidirectional";
+  std::string input;           // .npy file, [B, S, d] padded or [T, d] packed
+  std::string random;          // "B,S": random [B, S, d_model] input instead of a file
+  std::string lengths;         // "3,5": one per sequence
+  std::string context;         // .npy file for the cross kinds
+  std::string context_random;  // "B,S": random [B, S, d_context] context instead of a file
+  std::string context_lengths;
+  bool packed = false;         // send [B, S, d] arrays without their padding
+  std::string encoding = "raw";
+  uint64_t seed = 1;           // of the random arrays
+};
+
+// A call ready to send, and how to give its output back the input file's shape.
+struct PreparedCall {
+  ForwardCall call;
+  int64_t unpack_to = -1;  // packed by us from [B, S, d]: unpack the output to S rows; -1: no
+};
+
+// Flags of `infer`.
+struct InferFlags {
+  CallFlags call;
+  bool return_attention = false;
+  std::string output;            // .npy path for the output; empty: print a summary
+  std::string attention_output;  // .npy path for the probabilities (implies return_attention)
+};
+
+// Flags of `bench`.
+struct BenchFlags {
+  CallFlags call;
+  int concurrency = 4;
+  double duration_seconds = 10;
+  int64_t requests = 0;
+  int warmup = 2;
+  bool json = false;
+};
+
+// Reads or makes the arrays the flags name and assembles the call.
+absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags);
+
+// Opens a client with the connection flags.
+std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags);
+
+// `infer`: one call, output to a .npy file or printed.
+absl::Status RunInfer(const ConnectionFlags& connection, const InferFlags& flags);
+
+// `models`: the loaded models as a table (or JSON).
+absl::Status RunModels(const ConnectionFlags& connection, bool json);
+
+// `health`: OK only when the server (or `service`) is SERVING.
+absl::Status RunHealth(const ConnectionFlags& connection, const std::string& service);
+
+// `bench`: the load test.
+absl::Status RunBenchCommand(const ConnectionFlags& connection, const BenchFlags& flags);
+
+}  // namespace attnserve::client

@@ -1,0 +1,116 @@
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli.h"
+#include "client/npy.h"
+#include "client/packing.h"
+
+namespace attnserve::client {
+namespace {
+
+// One side of a call (the input, or the context) as its flags describe it.
+struct SideFlags {
+  absl::string_view name;  // "input" or "context", for messages
+  const std::string& file;
+  const std::string& random;
+  const std::string& lengths;
+};
+
+// Uniform values in [-1, 1) from a fixed seed, so two runs send the same data.
+FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed) {
+  FloatArray array{.shape = std::move(shape), .values = {}};
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  array.values.resize(array.ElementCount());
+  for (float& value : array.values) value = uniform(engine);
+  return array;
+}
+
+// Reads the side's .npy file or makes a random [B, S, width] array from "B,S".
+absl::StatusOr<FloatArray> LoadSide(const SideFlags& side, int64_t width, uint64_t seed) {
+  if (!side.file.empty()) return ReadNpy(side.file);
+  absl::StatusOr<std::vector<int32_t>> dims = ParseIntList(side.random);
+  if (!dims.ok() || dims->size() != 2 || (*dims)[0] < 1 || (*dims)[1] < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("random ", side.name, " shape '", side.random, "' is not B,S (e.g. 2,16)"));
+  }
+  return RandomArray({(*dims)[0], (*dims)[1], width}, seed);
+}
+
+// Drops the padding of a [B, S, d] side for a packed call; returns S (-1 when already packed).
+absl::StatusOr<int64_t> PackSide(FloatArray& array, std::vector<int32_t>& lengths) {
+  if (array.shape.size() != 3) return -1;
+  const int64_t padded_length = array.shape[1];
+  absl::StatusOr<FloatArray> packed = Pack(array, lengths);
+  if (!packed.ok()) return packed.status();
+  if (lengths.empty()) lengths.assign(array.shape[0], static_cast<int32_t>(padded_length));
+  array = *std::move(packed);
+  return padded_length;
+}
+
+absl::Status CheckSources(const SideFlags& side, bool wanted) {
+  const int given = !side.file.empty() + !side.random.empty();
+  if (wanted && given != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("give exactly one of --", side.name,
+                                                   " FILE.npy or --", side.name == "input" ? "" : "context-",
+                                                   "random B,S"));
+  }
+  if (!wanted && given > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", side.name, " is only for the cross kinds (--kind cross|causal-cross)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags) {
+  PreparedCall prepared;
+  ForwardCall& call = prepared.call;
+  absl::StatusOr<v1::AttentionKind> kind = ParseKind(flags.kind);
+  if (!kind.ok()) return kind.status();
+  absl::StatusOr<Encoding> encoding = ParseEncoding(flags.encoding);
+  if (!encoding.ok()) return encoding.status();
+  call.model = flags.model;
+  call.kind = *kind;
+  call.encoding = *encoding;
+  const bool cross = *kind == v1::ATTENTION_KIND_CROSS || *kind == v1::ATTENTION_KIND_CAUSAL_CROSS;
+  const SideFlags input{"input", flags.input, flags.random, flags.lengths};
+  const SideFlags context{"context", flags.context, flags.context_random, flags.context_lengths};
+  if (absl::Status s = CheckSources(input, true); !s.ok()) return s;
+  if (absl::Status s = CheckSources(context, cross); !s.ok()) return s;
+
+  // Random arrays take their widths from the model the call goes to.
+  v1::ModelInfo model;
+  if (!flags.random.empty() || !flags.context_random.empty()) {
+    absl::StatusOr<v1::ModelInfo> found = client.FindModel(flags.model);
+    if (!found.ok()) return found.status();
+    model = *std::move(found);
+  }
+  absl::StatusOr<std::vector<int32_t>> lengths = ParseIntList(flags.lengths);
+  if (!lengths.ok()) return lengths.status();
+  call.lengths = *std::move(lengths);
+  absl::StatusOr<FloatArray> array = LoadSide(input, model.d_model(), flags.seed);
+  if (!array.ok()) return array.status();
+  call.input = *std::move(array);
+  if (cross) {
+    absl::StatusOr<std::vector<int32_t>> ctx_lengths = ParseIntList(flags.context_lengths);
+    if (!ctx_lengths.ok()) return ctx_lengths.status();
+    call.context_lengths = *std::move(ctx_lengths);
+    absl::StatusOr<FloatArray> ctx = LoadSide(context, model.d_context(), flags.seed + 1);
+    if (!ctx.ok()) return ctx.status();
+    call.context = *std::move(ctx);
+  }
+  if (!flags.packed) return prepared;
+
+  absl::StatusOr<int64_t> unpack_to = PackSide(call.input, call.lengths);
+  if (!unpack_to.ok()) return unpack_to.status();
+  prepared.unpack_to = *unpack_to;
+  if (call.context.has_value()) {
+    absl::StatusOr<int64_t> packed = PackSide(*call.context, call.context_lengths);
+    if (!packed.ok()) return packed.status();
+  }
+  return prepared;
+}
+
+}  // namespace attnserve::client

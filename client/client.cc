@@ -1,0 +1,114 @@
+#include "client/client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace attnserve::client {
+
+absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardCall& call) {
+  v1::ForwardRequest request;
+  request.set_model(call.model);
+  request.set_kind(call.kind);
+  if (absl::Status s = EncodeTensor(call.input, call.encoding, request.mutable_input()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("input: ", s.message()));
+  }
+  request.mutable_lengths()->Add(call.lengths.begin(), call.lengths.end());
+  if (call.context.has_value()) {
+    absl::Status s = EncodeTensor(*call.context, call.encoding, request.mutable_context());
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("context: ", s.message()));
+  }
+  request.mutable_context_lengths()->Add(call.context_lengths.begin(), call.context_lengths.end());
+  request.set_return_attention(call.return_attention);
+  return request;
+}
+
+std::unique_ptr<AttentionClient> AttentionClient::Connect(const std::string& target,
+                                                          const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  return std::make_unique<AttentionClient>(
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);
+}
+
+AttentionClient::AttentionClient(std::shared_ptr<grpc::Channel> channel,
+                                 const ClientOptions& options)
+    : options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::AttentionService::NewStub(channel_)),
+      health_stub_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+void AttentionClient::Prepare(grpc::ClientContext* context) const {
+  if (options_.timeout != absl::InfiniteDuration()) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          absl::ToChronoMilliseconds(options_.timeout));
+  }
+}
+
+absl::StatusOr<v1::ForwardResponse> AttentionClient::Send(const v1::ForwardRequest& request) const {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::ForwardResponse response;
+  absl::Status status = FromGrpcStatus(stub_->Forward(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<ForwardResult> AttentionClient::Forward(const ForwardCall& call) const {
+  absl::StatusOr<v1::ForwardRequest> request = BuildRequest(call);
+  if (!request.ok()) return request.status();
+  absl::StatusOr<v1::ForwardResponse> response = Send(*request);
+  if (!response.ok()) return response.status();
+  ForwardResult result;
+  absl::StatusOr<FloatArray> output = DecodeTensor(response->output());
+  if (!output.ok()) return absl::InternalError(absl::StrCat("response output: ", output.status().message()));
+  result.output = *std::move(output);
+  if (response->has_attention()) {
+    absl::StatusOr<FloatArray> attention = DecodeTensor(response->attention());
+    if (!attention.ok()) {
+      return absl::InternalError(absl::StrCat("response attention: ", attention.status().message()));
+    }
+    result.attention = *std::move(attention);
+  }
+  return result;
+}
+
+absl::StatusOr<std::vector<v1::ModelInfo>> AttentionClient::ListModels() const {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::ListModelsResponse response;
+  absl::Status status = FromGrpcStatus(stub_->ListModels(&context, {}, &response));
+  if (!status.ok()) return status;
+  return std::vector<v1::ModelInfo>(response.models().begin(), response.models().end());
+}
+
+absl::StatusOr<v1::ModelInfo> AttentionClient::FindModel(const std::string& name) const {
+  absl::StatusOr<std::vector<v1::ModelInfo>> models = ListModels();
+  if (!models.ok()) return models.status();
+  std::vector<std::string> names;
+  for (const v1::ModelInfo& model : *models) {
+    if (model.name() == name || (name.empty() && models->size() == 1)) return model;
+    names.push_back(model.name());
+  }
+  return absl::NotFoundError(absl::StrCat(name.empty() ? "no model named and the server has "
+                                                       : absl::StrCat("no model '", name, "'; "),
+                                          "models: ", absl::StrJoin(names, ", ")));
+}
+
+absl::StatusOr<AttentionClient::ServingStatus> AttentionClient::Health(
+    const std::string& service) const {
+  grpc::ClientContext context;
+  Prepare(&context);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  absl::Status status = FromGrpcStatus(health_stub_->Check(&context, request, &response));
+  if (!status.ok()) return status;
+  return response.status();
+}
+
+}  // namespace attnserve::client

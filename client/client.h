@@ -1,0 +1,82 @@
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "attnserve/v1/attention.grpc.pb.h"
+#include "client/float_array.h"
+#include "client/wire.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/channel.h"
+
+namespace attnserve::client {
+
+// How to reach the server and how long to wait for it.
+struct ClientOptions {
+  absl::Duration timeout = absl::Seconds(30);  // deadline of each call; InfiniteDuration: none
+  int max_message_bytes = 256 << 20;           // largest response accepted (attention grows fast)
+};
+
+// One Forward call in client terms: arrays instead of wire tensors.
+struct ForwardCall {
+  std::string model;  // empty: the server's only model
+  v1::AttentionKind kind = v1::ATTENTION_KIND_BIDIRECTIONAL;
+  FloatArray input;   // [B, S, d_model] padded or [T, d_model] packed
+  std::vector<int32_t> lengths;
+  std::optional<FloatArray> context;  // cross kinds only
+  std::vector<int32_t> context_lengths;
+  Encoding encoding = Encoding::kRaw;
+  bool return_attention = false;
+};
+
+// What Forward answers: the output in the input's layout, and the probabilities when asked.
+struct ForwardResult {
+  FloatArray output;
+  std::optional<FloatArray> attention;  // [B, H, S, S_kv]
+};
+
+// Builds the wire request of a call (also used by the load test, which sends it many times).
+absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardCall& call);
+
+// A connection to one attnserve server. Thread-safe: every method may run concurrently.
+class AttentionClient {
+ public:
+  using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
+
+  // Opens a channel to `target` ("host:port"); connecting happens on the first call.
+  static std::unique_ptr<AttentionClient> Connect(const std::string& target,
+                                                  const ClientOptions& options = {});
+
+  // Uses an existing channel (tests, custom credentials).
+  AttentionClient(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
+
+  // Runs one attention call; server errors come back with their gRPC code.
+  absl::StatusOr<ForwardResult> Forward(const ForwardCall& call) const;
+
+  // Sends a prepared request as is: the load test's hot path, which skips re-encoding.
+  absl::StatusOr<v1::ForwardResponse> Send(const v1::ForwardRequest& request) const;
+
+  // The models the server has loaded.
+  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() const;
+
+  // The model a call naming `name` would reach (empty: the only loaded model).
+  absl::StatusOr<v1::ModelInfo> FindModel(const std::string& name) const;
+
+  // grpc.health.v1 Check for `service` (empty: the whole server).
+  absl::StatusOr<ServingStatus> Health(const std::string& service = "") const;
+
+ private:
+  // Applies the per-call deadline.
+  void Prepare(grpc::ClientContext* context) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
+};
+
+}  // namespace attnserve::client

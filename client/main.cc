@@ -1,0 +1,95 @@
+// attnserve-client: calls, checks and load-tests an attnserve server.
+// Exit status: 0 on success, the gRPC status code's number on a failed call or bad input
+// (NOT_FOUND -> 5, UNAVAILABLE -> 14, ...), CLI11's codes (>= 100) on a malformed command line.
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "client/cli.h"
+
+namespace {
+
+using attnserve::client::BenchFlags;
+using attnserve::client::CallFlags;
+using attnserve::client::ConnectionFlags;
+using attnserve::client::InferFlags;
+using attnserve::client::RunBenchCommand;
+using attnserve::client::RunHealth;
+using attnserve::client::RunInfer;
+using attnserve::client::RunModels;
+
+// The flags that describe one Forward call, shared by infer and bench.
+void AddCallFlags(CLI::App* command, CallFlags& f) {
+  command->add_option("--model", f.model, "Model name (default: the server's only model)");
+  command->add_option("--kind", f.kind, "Attention kind")
+      ->check(CLI::IsMember({"bidirectional", "causal", "cross", "causal-cross"}))
+      ->capture_default_str();
+  command->add_option("--input", f.input, "Input .npy: [B,S,d_model] padded or [T,d_model] packed");
+  command->add_option("--random", f.random, "Random input of shape B,S (width from the model)");
+  command->add_option("--lengths", f.lengths, "Sequence lengths, e.g. 3,5 (default: all full)");
+  command->add_option("--context", f.context, "Context .npy for cross kinds");
+  command->add_option("--context-random", f.context_random, "Random context of shape B,S_ctx");
+  command->add_option("--context-lengths", f.context_lengths, "Context lengths, e.g. 7,2");
+  command->add_flag("--packed", f.packed, "Send [B,S,d] arrays packed (no padding on the wire)");
+  command->add_option("--encoding", f.encoding, "Float encoding on the wire")
+      ->check(CLI::IsMember({"raw", "values"}))
+      ->capture_default_str();
+  command->add_option("--seed", f.seed, "Seed of the random arrays")->capture_default_str();
+}
+
+void AddInfer(CLI::App& app, InferFlags& f) {
+  CLI::App* infer = app.add_subcommand("infer", "Run one Forward call");
+  AddCallFlags(infer, f.call);
+  infer->add_flag("--return-attention", f.return_attention, "Also return the probabilities");
+  infer->add_option("--output", f.output, "Write the output to this .npy (default: print it)");
+  infer->add_option("--attention-output", f.attention_output,
+                    "Write the probabilities [B,H,S,S_kv] to this .npy");
+}
+
+void AddBench(CLI::App& app, BenchFlags& f) {
+  CLI::App* bench = app.add_subcommand("bench", "Load-test: concurrent Forward calls");
+  AddCallFlags(bench, f.call);
+  bench->add_option("--concurrency,-c", f.concurrency, "Concurrent callers")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  bench->add_option("--duration", f.duration_seconds, "Seconds to run (0: until --requests)")
+      ->capture_default_str();
+  bench->add_option("--requests,-n", f.requests, "Stop after this many calls (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("--warmup", f.warmup, "Uncounted calls first")->capture_default_str();
+  bench->add_flag("--json", f.json, "Print the report as JSON");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"attnserve-client: call, check and load-test an attnserve server"};
+  app.require_subcommand(1);
+  ConnectionFlags connection;
+  app.add_option("--target", connection.target, "Server address host:port")->capture_default_str();
+  app.add_option("--timeout", connection.timeout_seconds, "Deadline per call, seconds (0: none)")
+      ->capture_default_str();
+  app.add_option("--max-message-mib", connection.max_message_mib, "Largest message accepted")
+      ->check(CLI::Range(1, 2047))
+      ->capture_default_str();
+  InferFlags infer;
+  AddInfer(app, infer);
+  BenchFlags bench;
+  AddBench(app, bench);
+  bool models_json = false;
+  app.add_subcommand("models", "List the loaded models")
+      ->add_flag("--json", models_json, "Print JSON instead of a table");
+  std::string service;
+  app.add_subcommand("health", "grpc.health.v1 check: exit 0 only when SERVING")
+      ->add_option("--service", service, "Service to check (default: the whole server)");
+  CLI11_PARSE(app, argc, argv);
+
+  absl::Status status;
+  if (app.got_subcommand("infer")) status = RunInfer(connection, infer);
+  if (app.got_subcommand("bench")) status = RunBenchCommand(connection, bench);
+  if (app.got_subcommand("models")) status = RunModels(connection, models_json);
+  if (app.got_subcommand("health")) status = RunHealth(connection, service);
+  if (status.ok()) return 0;
+  std::cerr << "attnserve-client: " << absl::StatusCodeToString(status.code()) << ": "
+            << status.message() << "\n";
+  return static_cast<int>(status.code());
+}
