@@ -1,0 +1,69 @@
+#pragma once
+
+// Internal to the attention kernel: the tile layout and the three tile operations the
+// flash-style driver (attention_kernel.cc) is built from, in a portable and an AVX-512 flavour.
+//
+// A tile is up to kTileRows query rows of one (sequence, head), stored transposed: row r of the
+// tile is lane r % kLanes of vector r / kLanes, so the per-row softmax state is a few vectors
+// and every reduction over keys is vertical (no horizontal shuffles in the hot loop).
+
+#include <cstdint>
+
+#include "core/attention_kernel.h"
+
+namespace attnserve::core::internal {
+
+// Floats in one vector: a zmm register holds the same key's scores for 16 query rows.
+inline constexpr int kLanes = 16;
+// Query rows per tile (three vectors): 8 keys x 3 vectors fill 24 of 32 zmm registers.
+inline constexpr int kMaxTileVecs = 3;
+inline constexpr int kTileRows = kMaxTileVecs * kLanes;
+// Keys per online-softmax step: large enough that rescaling the accumulator is cheap.
+inline constexpr int kKeyBlock = 64;
+// Keys per register tile of the score kernel; the driver pads key counts up to it.
+inline constexpr int kKeyTile = 8;
+
+// scores_t[j * tile_stride + r] = sum_c q_t[c * tile_stride + r] * k[j * k_stride + c] for
+// j < num_keys rounded up to kKeyTile (extra keys repeat key num_keys - 1; callers ignore
+// them) and r < vecs * kLanes. tile_stride is kTileRows.
+using ScoreFn = void (*)(const float* q_t, int vecs, int head_dim, const float* k,
+                         int64_t k_stride, int num_keys, float* scores_t);
+
+// The online-softmax step over one key block of base-2 log scores, in place:
+// for each row r, max_new = max(max[r], visible scores), alpha[r] = 2^(max[r] - max_new),
+// scores -> 2^(score - max_new) (0 where masked), sum[r] = sum[r] * alpha[r] + sum of them.
+// Key j is masked from row r when causal and r < diag + j. max starts at kNoKeyYet.
+using SoftmaxFn = void (*)(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag,
+                           float* max, float* sum, float* alpha);
+
+// out_t[c * tile_stride + r] = out_t[...] * alpha[r] + sum_j p_t[j][r] * v[j * v_stride + c].
+using AccumulateFn = void (*)(const float* p_t, int vecs, int num_keys, const float* v,
+                              int64_t v_stride, int head_dim, const float* alpha, float* out_t);
+
+// Turns the scores of one key block into probabilities: 2^(score - max[r]) * inv_sum[r], 0
+// where masked (as in SoftmaxFn). Used only when probabilities are asked for.
+using NormalizeFn = void (*)(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag,
+                             const float* max, const float* inv_sum);
+
+// Running max of a row that has not seen a visible key: finite, so no inf - inf anywhere.
+inline constexpr float kNoKeyYet = -3.0e38f;
+
+// One implementation of the tile operations.
+struct TileKernels {
+  const char* name;
+  ScoreFn score;
+  SoftmaxFn softmax;
+  AccumulateFn accumulate;
+  NormalizeFn normalize;
+};
+
+// Plain C++ kernels: run on any CPU, used when AVX-512 is absent.
+const TileKernels& PortableTileKernels();
+
+// AVX-512 kernels, or nullptr when this CPU lacks AVX-512F.
+const TileKernels* Avx512TileKernels();
+
+// RunAttention with the given kernels; lets tests compare both flavours on one machine.
+void RunAttentionWith(const AttentionProblem& problem, const TileKernels& kernels);
+
+}  // namespace attnserve::core::internal

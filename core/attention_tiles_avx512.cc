@@ -1,0 +1,271 @@
+// AVX-512 tile kernels (see attention_tiles.h). Only the functions marked kAvx512 use AVX-512,
+// and they are reached only after a runtime CPU check, so the library still runs on any x86-64.
+//
+// Register blocking: a tile is kVecs (1..3) vectors of 16 query rows. The score kernel keeps
+// 8 keys x kVecs accumulators (24 of 32 zmm at kVecs = 3), broadcasting one key element per
+// FMA group; the accumulate kernel keeps 8 output columns x kVecs, broadcasting one value
+// element per group. The softmax is vertical: per row state is one lane.
+
+// GCC 12's avx512fintrin.h seeds unmasked intrinsics with _mm512_undefined_ps(), which
+// -W(maybe-)uninitialized reports at every inlined call site; the value is never read.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/attention_tiles.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ATTNSERVE_HAVE_AVX512_KERNELS 1
+#else
+#define ATTNSERVE_HAVE_AVX512_KERNELS 0
+#endif
+
+namespace attnserve::core::internal {
+
+#if ATTNSERVE_HAVE_AVX512_KERNELS
+
+#define ATTNSERVE_AVX512 __attribute__((target("avx512f")))
+#define ATTNSERVE_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
+
+namespace {
+
+// 2^x for x <= 0, relative error below 2e-7: x = n + f with |f| <= 1/2, a degree-5 minimax
+// polynomial for 2^f, and vscalefps for the 2^n (which flushes tiny results to 0 without
+// needing exponent bit tricks). x is clamped at -120 so that 2^x never becomes denormal.
+ATTNSERVE_AVX512_INLINE __m512 Exp2(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-120.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.3266979925e-03f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6754693954e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5507426754e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022121576e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314694907e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000000711e+00f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Lanes r of vector v that key j may be seen by: r >= diag + j (all lanes when not causal).
+ATTNSERVE_AVX512_INLINE __mmask16 VisibleLanes(bool masked, int v, int64_t diag, int j) {
+  if (!masked) return 0xFFFF;
+  const int64_t first = diag + j - v * kLanes;  // first visible lane
+  if (first <= 0) return 0xFFFF;
+  if (first >= kLanes) return 0;
+  return static_cast<__mmask16>(0xFFFF << first);
+}
+
+// Scores of 8 keys (pointers already clamped) against kVecs vectors of query rows.
+template <int kVecs>
+ATTNSERVE_AVX512 void ScoreKeyTile(const float* q_t, int head_dim, const float* const* keys,
+                                   float* scores_t) {
+  __m512 acc[kKeyTile][kVecs];
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) {
+#pragma GCC unroll 3
+    for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_setzero_ps();
+  }
+  for (int c = 0; c < head_dim; ++c) {
+    __m512 q[kVecs];
+#pragma GCC unroll 3
+    for (int v = 0; v < kVecs; ++v) q[v] = _mm512_load_ps(q_t + c * kTileRows + v * kLanes);
+#pragma GCC unroll 8
+    for (int j = 0; j < kKeyTile; ++j) {
+      const __m512 kb = _mm512_set1_ps(keys[j][c]);
+#pragma GCC unroll 3
+      for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_fmadd_ps(q[v], kb, acc[j][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) {
+#pragma GCC unroll 3
+    for (int v = 0; v < kVecs; ++v) {
+      _mm512_store_ps(scores_t + j * kTileRows + v * kLanes, acc[j][v]);
+    }
+  }
+}
+
+template <int kVecs>
+ATTNSERVE_AVX512 void ScoreVecs(const float* q_t, int head_dim, const float* k, int64_t k_stride,
+                                int num_keys, float* scores_t) {
+  for (int j0 = 0; j0 < num_keys; j0 += kKeyTile) {
+    // Keys past the end repeat the last one: in bounds, and their scores are never read.
+    const float* keys[kKeyTile];
+    for (int j = 0; j < kKeyTile; ++j) keys[j] = k + std::min(j0 + j, num_keys - 1) * k_stride;
+    ScoreKeyTile<kVecs>(q_t, head_dim, keys, scores_t + j0 * kTileRows);
+  }
+}
+
+void Score(const float* q_t, int vecs, int head_dim, const float* k, int64_t k_stride,
+           int num_keys, float* scores_t) {
+  switch (vecs) {
+    case 1: return ScoreVecs<1>(q_t, head_dim, k, k_stride, num_keys, scores_t);
+    case 2: return ScoreVecs<2>(q_t, head_dim, k, k_stride, num_keys, scores_t);
+    default: return ScoreVecs<3>(q_t, head_dim, k, k_stride, num_keys, scores_t);
+  }
+}
+
+// New running max per vector over the visible scores of the block (two chains per vector
+// so the max latency does not serialise the loop).
+template <int kVecs>
+ATTNSERVE_AVX512_INLINE void BlockMax(const float* scores_t, int num_keys, bool masked,
+                                      int64_t diag, __m512* m) {
+  __m512 m2[kVecs];
+#pragma GCC unroll 3
+  for (int v = 0; v < kVecs; ++v) m2[v] = m[v];
+  int j = 0;
+  for (; !masked && j + 1 < num_keys; j += 2) {
+#pragma GCC unroll 3
+    for (int v = 0; v < kVecs; ++v) {
+      m[v] = _mm512_max_ps(m[v], _mm512_load_ps(scores_t + j * kTileRows + v * kLanes));
+      m2[v] = _mm512_max_ps(m2[v], _mm512_load_ps(scores_t + (j + 1) * kTileRows + v * kLanes));
+    }
+  }
+  for (; j < num_keys; ++j) {
+#pragma GCC unroll 3
+    for (int v = 0; v < kVecs; ++v) {
+      const __m512 s = _mm512_load_ps(scores_t + j * kTileRows + v * kLanes);
+      m[v] = _mm512_mask_max_ps(m[v], VisibleLanes(masked, v, diag, j), m[v], s);
+    }
+  }
+#pragma GCC unroll 3
+  for (int v = 0; v < kVecs; ++v) m[v] = _mm512_max_ps(m[v], m2[v]);
+}
+
+template <int kVecs>
+ATTNSERVE_AVX512 void SoftmaxVecs(float* scores_t, int num_keys, bool causal, int64_t diag,
+                                  float* max, float* sum, float* alpha) {
+  // Only blocks crossing the diagonal need masks; the rest take the unmasked loops.
+  const bool masked = causal && diag + num_keys - 1 > 0;
+  __m512 m_old[kVecs], m[kVecs], block_sum[kVecs];
+#pragma GCC unroll 3
+  for (int v = 0; v < kVecs; ++v) {
+    m_old[v] = _mm512_load_ps(max + v * kLanes);
+    m[v] = m_old[v];
+    block_sum[v] = _mm512_setzero_ps();
+  }
+  BlockMax<kVecs>(scores_t, num_keys, masked, diag, m);
+  for (int j = 0; j < num_keys; ++j) {
+#pragma GCC unroll 3
+    for (int v = 0; v < kVecs; ++v) {
+      float* s = scores_t + j * kTileRows + v * kLanes;
+      const __m512 e = Exp2(_mm512_sub_ps(_mm512_load_ps(s), m[v]));
+      const __m512 p = _mm512_maskz_mov_ps(VisibleLanes(masked, v, diag, j), e);
+      _mm512_store_ps(s, p);
+      block_sum[v] = _mm512_add_ps(block_sum[v], p);
+    }
+  }
+#pragma GCC unroll 3
+  for (int v = 0; v < kVecs; ++v) {
+    const __m512 a = Exp2(_mm512_sub_ps(m_old[v], m[v]));
+    const __m512 l = _mm512_load_ps(sum + v * kLanes);
+    _mm512_store_ps(alpha + v * kLanes, a);
+    _mm512_store_ps(max + v * kLanes, m[v]);
+    _mm512_store_ps(sum + v * kLanes, _mm512_fmadd_ps(l, a, block_sum[v]));
+  }
+}
+
+void Softmax(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag, float* max,
+             float* sum, float* alpha) {
+  switch (vecs) {
+    case 1: return SoftmaxVecs<1>(scores_t, num_keys, causal, diag, max, sum, alpha);
+    case 2: return SoftmaxVecs<2>(scores_t, num_keys, causal, diag, max, sum, alpha);
+    default: return SoftmaxVecs<3>(scores_t, num_keys, causal, diag, max, sum, alpha);
+  }
+}
+
+// Output columns [c0, c0 + kCols): rescale by alpha, then add P V over the block's keys.
+template <int kVecs, int kCols>
+ATTNSERVE_AVX512 void AccumulateCols(const float* p_t, int num_keys, const float* v,
+                                     int64_t v_stride, const float* alpha, float* out_t) {
+  __m512 acc[kCols][kVecs];
+  __m512 a[kVecs];
+#pragma GCC unroll 3
+  for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
+#pragma GCC unroll 8
+  for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) {
+      acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
+    }
+  }
+  for (int j = 0; j < num_keys; ++j) {
+    __m512 p[kVecs];
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) p[r] = _mm512_load_ps(p_t + j * kTileRows + r * kLanes);
+    const float* value = v + j * v_stride;
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) {
+      const __m512 vb = _mm512_set1_ps(value[c]);
+#pragma GCC unroll 3
+      for (int r = 0; r < kVecs; ++r) acc[c][r] = _mm512_fmadd_ps(p[r], vb, acc[c][r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
+  }
+}
+
+template <int kVecs>
+ATTNSERVE_AVX512 void AccumulateVecs(const float* p_t, int num_keys, const float* v,
+                                     int64_t v_stride, int head_dim, const float* alpha,
+                                     float* out_t) {
+  int c0 = 0;
+  for (; c0 + 8 <= head_dim; c0 += 8) {
+    AccumulateCols<kVecs, 8>(p_t, num_keys, v + c0, v_stride, alpha, out_t + c0 * kTileRows);
+  }
+  const float* vc = v + c0;
+  float* oc = out_t + c0 * kTileRows;
+  switch (head_dim - c0) {
+    case 1: return AccumulateCols<kVecs, 1>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 2: return AccumulateCols<kVecs, 2>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 3: return AccumulateCols<kVecs, 3>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 4: return AccumulateCols<kVecs, 4>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 5: return AccumulateCols<kVecs, 5>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 6: return AccumulateCols<kVecs, 6>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 7: return AccumulateCols<kVecs, 7>(p_t, num_keys, vc, v_stride, alpha, oc);
+    default: return;
+  }
+}
+
+void Accumulate(const float* p_t, int vecs, int num_keys, const float* v, int64_t v_stride,
+                int head_dim, const float* alpha, float* out_t) {
+  switch (vecs) {
+    case 1: return AccumulateVecs<1>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+    case 2: return AccumulateVecs<2>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+    default: return AccumulateVecs<3>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+  }
+}
+
+ATTNSERVE_AVX512 void Normalize(float* scores_t, int vecs, int num_keys, bool causal,
+                                int64_t diag, const float* max, const float* inv_sum) {
+  const bool masked = causal && diag + num_keys - 1 > 0;
+  for (int j = 0; j < num_keys; ++j) {
+    for (int v = 0; v < vecs; ++v) {
+      float* s = scores_t + j * kTileRows + v * kLanes;
+      const __m512 e = Exp2(_mm512_sub_ps(_mm512_load_ps(s), _mm512_load_ps(max + v * kLanes)));
+      const __m512 p = _mm512_mul_ps(e, _mm512_load_ps(inv_sum + v * kLanes));
+      _mm512_store_ps(s, _mm512_maskz_mov_ps(VisibleLanes(masked, v, diag, j), p));
+    }
+  }
+}
+
+}  // namespace
+
+const TileKernels* Avx512TileKernels() {
+  static constexpr TileKernels kKernels{"avx512", Score, Softmax, Accumulate, Normalize};
+  static const bool supported = __builtin_cpu_supports("avx512f");
+  return supported ? &kKernels : nullptr;
+}
+
+#else  // !ATTNSERVE_HAVE_AVX512_KERNELS
+
+const TileKernels* Avx512TileKernels() { return nullptr; }
+
+#endif
+
+}  // namespace attnserve::core::internal
