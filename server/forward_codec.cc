@@ -1,0 +1,230 @@
+#include "server/forward_codec.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace attnserve::server {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "raw tensors are little-endian float32, read in place");
+
+using Lengths = google::protobuf::RepeatedField<int32_t>;
+
+// The element count of `shape`, refusing a rank other than 2 or 3, non-positive dims and
+// products that overflow.
+absl::StatusOr<int64_t> ElementCount(const v1::Tensor& tensor, absl::string_view what) {
+  const int rank = tensor.shape_size();
+  if (rank != 2 && rank != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": shape must be [B, S, width] (padded) or [T, width] (packed), got rank ", rank,
+        rank == 0 ? " (shape missing)" : ""));
+  }
+  int64_t count = 1;
+  for (int i = 0; i < rank; ++i) {
+    const int64_t dim = tensor.shape(i);
+    if (dim <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": shape [", absl::StrJoin(tensor.shape(), ", "), "] has a non-positive dimension"));
+    }
+    if (count > std::numeric_limits<int64_t>::max() / 4 / dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": shape [", absl::StrJoin(tensor.shape(), ", "), "] is too large"));
+    }
+    count *= dim;
+  }
+  return count;
+}
+
+// Points at the tensor's floats, in place when possible; checks sizes and finiteness.
+absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_view what,
+                                        int64_t count, std::vector<float>* copy, bool* raw) {
+  const bool has_values = tensor.values_size() > 0;
+  const bool has_raw = !tensor.raw().empty();
+  if (has_values == has_raw) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, has_values ? ": both values and raw are set; send exactly one"
+                         : ": no data (neither values nor raw is set)"));
+  }
+  *raw = has_raw;
+  const float* data = nullptr;
+  if (has_values) {
+    if (tensor.values_size() != count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", tensor.values_size(), " values for a shape of ", count, " elements"));
+    }
+    data = tensor.values().data();
+  } else {
+    const std::string& bytes = tensor.raw();
+    if (bytes.size() % sizeof(float) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": raw holds ", bytes.size(), " bytes, not a multiple of 4 (float32)"));
+    }
+    if (static_cast<int64_t>(bytes.size() / sizeof(float)) != count) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": raw holds ", bytes.size() / 4,
+                                                     " floats for a shape of ", count, " elements"));
+    }
+    if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+      data = reinterpret_cast<const float*>(bytes.data());
+    } else {
+      copy->resize(count);
+      std::memcpy(copy->data(), bytes.data(), bytes.size());
+      data = copy->data();
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(data[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": element ", i, " is not finite (", data[i], ")"));
+    }
+  }
+  return data;
+}
+
+// Fills the batch's lengths from the wire's, or full lengths when none are given.
+absl::Status DecodeLengths(const v1::Tensor& tensor, const Lengths& lengths, absl::string_view what,
+                           core::RaggedBatch* batch) {
+  const bool packed = tensor.shape_size() == 2;
+  if (packed) {
+    const int64_t rows = tensor.shape(0);
+    if (lengths.empty()) {
+      batch->lengths = {rows};
+      return absl::OkStatus();
+    }
+    int64_t sum = 0;
+    for (int32_t length : lengths) {
+      if (length < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " lengths: negative length ", length));
+      }
+      sum += length;
+    }
+    if (sum != rows) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " lengths sum to ", sum,
+                                                     " but the packed tensor has ", rows, " rows"));
+    }
+  } else {
+    const int64_t batch_size = tensor.shape(0);
+    batch->padded_length = tensor.shape(1);
+    if (lengths.empty()) {
+      batch->lengths.assign(batch_size, batch->padded_length);
+      return absl::OkStatus();
+    }
+    if (lengths.size() != batch_size) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", lengths.size(),
+                                                     " lengths for a batch of ", batch_size));
+    }
+  }
+  batch->lengths.assign(lengths.begin(), lengths.end());
+  return absl::OkStatus();
+}
+
+absl::Status DecodeBatch(const v1::Tensor& tensor, const Lengths& lengths, absl::string_view what,
+                         std::vector<float>* copy, bool* raw, core::RaggedBatch* batch) {
+  absl::StatusOr<int64_t> count = ElementCount(tensor, what);
+  if (!count.ok()) return count.status();
+  absl::StatusOr<const float*> data = TensorData(tensor, what, *count, copy, raw);
+  if (!data.ok()) return data.status();
+  batch->data = *data;
+  batch->width = tensor.shape(tensor.shape_size() - 1);
+  batch->padded_length = core::RaggedBatch::kPacked;
+  return DecodeLengths(tensor, lengths, what, batch);
+}
+
+// An absent context and an empty one mean the same: no context.
+bool HasContext(const v1::ForwardRequest& request) {
+  if (!request.has_context()) return false;
+  const v1::Tensor& c = request.context();
+  return c.shape_size() > 0 || c.values_size() > 0 || !c.raw().empty();
+}
+
+// Writes `shape` and sizes the data of `tensor`, returning the float span to fill.
+std::span<float> SizeTensor(const std::vector<int64_t>& shape, int64_t count, bool raw,
+                            v1::Tensor* tensor) {
+  tensor->mutable_shape()->Assign(shape.begin(), shape.end());
+  if (raw) {
+    std::string* bytes = tensor->mutable_raw();
+    bytes->resize(count * sizeof(float));  // zero-filled: padded rows stay 0
+    return {reinterpret_cast<float*>(bytes->data()), static_cast<size_t>(count)};
+  }
+  tensor->mutable_values()->Resize(static_cast<int>(count), 0.0f);
+  return {tensor->mutable_values()->mutable_data(), static_cast<size_t>(count)};
+}
+
+}  // namespace
+
+absl::StatusOr<core::AttentionKind> KindFromProto(int kind) {
+  switch (kind) {
+    case v1::ATTENTION_KIND_BIDIRECTIONAL: return core::AttentionKind::kBidirectional;
+    case v1::ATTENTION_KIND_CAUSAL: return core::AttentionKind::kCausal;
+    case v1::ATTENTION_KIND_CROSS: return core::AttentionKind::kCross;
+    case v1::ATTENTION_KIND_CAUSAL_CROSS: return core::AttentionKind::kCausalCross;
+    case v1::ATTENTION_KIND_UNSPECIFIED:
+      return absl::InvalidArgumentError(
+          "kind is unspecified: say BIDIRECTIONAL, CAUSAL, CROSS or CAUSAL_CROSS");
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown attention kind ", kind));
+  }
+}
+
+v1::AttentionKind KindToProto(core::AttentionKind kind) {
+  switch (kind) {
+    case core::AttentionKind::kBidirectional: return v1::ATTENTION_KIND_BIDIRECTIONAL;
+    case core::AttentionKind::kCausal: return v1::ATTENTION_KIND_CAUSAL;
+    case core::AttentionKind::kCross: return v1::ATTENTION_KIND_CROSS;
+    case core::AttentionKind::kCausalCross: return v1::ATTENTION_KIND_CAUSAL_CROSS;
+  }
+  return v1::ATTENTION_KIND_UNSPECIFIED;
+}
+
+absl::Status DecodeForwardRequest(const v1::ForwardRequest& request, DecodedForward* decoded) {
+  absl::StatusOr<core::AttentionKind> kind = KindFromProto(request.kind());
+  if (!kind.ok()) return kind.status();
+  core::ForwardArgs& args = decoded->args;
+  args.kind = *kind;
+  args.return_attention = request.return_attention();
+  absl::Status status = DecodeBatch(request.input(), request.lengths(), "input",
+                                    &decoded->input_copy, &decoded->raw_encoding, &args.input);
+  if (!status.ok()) return status;
+  if (!HasContext(request)) {
+    if (!request.context_lengths().empty()) {
+      return absl::InvalidArgumentError("context_lengths given without a context");
+    }
+    args.context.reset();
+    return absl::OkStatus();
+  }
+  bool context_raw = false;
+  args.context.emplace();
+  return DecodeBatch(request.context(), request.context_lengths(), "context",
+                     &decoded->context_copy, &context_raw, &*args.context);
+}
+
+ForwardBuffers PrepareForwardResponse(const DecodedForward& decoded,
+                                      const core::ForwardShapes& shapes,
+                                      v1::ForwardResponse* response) {
+  const core::RaggedBatch& input = decoded.args.input;
+  std::vector<int64_t> output_shape;
+  if (input.packed()) {
+    output_shape = {shapes.output_rows, shapes.output_width};
+  } else {
+    output_shape = {input.batch(), input.padded_length, shapes.output_width};
+  }
+  ForwardBuffers buffers;
+  buffers.output = SizeTensor(output_shape, shapes.output_size(), decoded.raw_encoding,
+                              response->mutable_output());
+  if (decoded.args.return_attention) {
+    const std::vector<int64_t> dims(std::begin(shapes.attention_dims),
+                                    std::end(shapes.attention_dims));
+    buffers.attention = SizeTensor(dims, shapes.attention_size(), decoded.raw_encoding,
+                                   response->mutable_attention());
+  }
+  return buffers;
+}
+
+}  // namespace attnserve::server

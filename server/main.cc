@@ -1,0 +1,124 @@
+// attnserve: serves trained multi-head attention layers over gRPC (see DESIGN.md).
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "server/logging.h"
+#include "server/options.h"
+#include "server/server.h"
+
+namespace {
+
+using attnserve::server::LogLevel;
+
+constexpr char kModelHelp[] =
+    "A model to serve, repeatable: NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]\n"
+    "  PATH       a safetensors file (a PyTorch state_dict), or 'built-in' for the demo layer\n"
+    "  num_heads  for files whose __metadata__ does not say it (wins over the file)\n"
+    "  prefix     strips this from tensor names, to serve one layer of a bigger model,\n"
+    "             e.g. prefix=encoder.layers.0.self_attn.\n"
+    "  precision  what the matmuls run in (default f32)\n"
+    "Without --model the built-in demo layer is served as 'demo'.";
+
+struct Flags {
+  attnserve::server::ServerOptions options;
+  std::vector<std::string> models;
+  std::string log_level = "info";
+  std::string log_format = "text";
+  int shutdown_grace_s = 30;
+};
+
+void AddFlags(CLI::App& app, Flags& flags) {
+  auto& o = flags.options;
+  app.add_option("--listen", o.listen, "HOST:PORT to listen on; port 0 picks a free port")
+      ->capture_default_str();
+  app.add_option("--port-file", o.port_file,
+                 "Once listening, write the bound port (a number and a newline) to this file");
+  app.add_option("--model", flags.models, kModelHelp);
+  app.add_option("--threads", o.compute_threads,
+                 "Compute (OpenMP) threads per forward call; 0 = every core")
+      ->capture_default_str();
+  app.add_option("--grpc-threads", o.grpc_threads,
+                 "Cap on gRPC's own threads (resource quota); 0 = gRPC's default")
+      ->capture_default_str();
+  app.add_option("--max-message-mib", o.max_message_mib,
+                 "Largest request or reply in MiB; larger ones get RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  app.add_option("--max-queue", o.max_queue,
+                 "Calls waiting per model; more get RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  app.add_option("--max-batch-tokens", o.max_batch_tokens,
+                 "Dynamic batching: queued calls of the same kind are merged into one run of up "
+                 "to this many tokens; 0 = no batching")
+      ->capture_default_str();
+  app.add_option("--shutdown-grace", flags.shutdown_grace_s,
+                 "Seconds calls may take to finish after SIGTERM/SIGINT before being cancelled")
+      ->capture_default_str();
+  app.add_option("--log-level", flags.log_level,
+                 "trace, debug (one line per call), info, warn, error, critical or off")
+      ->capture_default_str();
+  app.add_option("--log-format", flags.log_format, "text, or json (one object per line)")
+      ->capture_default_str();
+}
+
+// Blocks SIGINT and SIGTERM in this thread and every thread started after (gRPC's, OpenMP's,
+// the schedulers'), so they are only ever received by sigwait, outside any signal handler.
+sigset_t BlockShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+int Fail(const absl::Status& status) {
+  attnserve::server::Log(LogLevel::kCritical, "attnserve cannot start",
+                         {{"error", std::string(status.message())}});
+  std::cerr << "attnserve: " << status.message() << std::endl;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const sigset_t signals = BlockShutdownSignals();
+  CLI::App app{"attnserve: serves the forward pass of trained multi-head attention layers "
+               "over gRPC (attnserve.v1.AttentionService)"};
+  Flags flags;
+  AddFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
+
+  absl::StatusOr<LogLevel> level = attnserve::server::ParseLogLevel(flags.log_level);
+  if (!level.ok()) return Fail(level.status());
+  absl::StatusOr<attnserve::server::LogFormat> format =
+      attnserve::server::ParseLogFormat(flags.log_format);
+  if (!format.ok()) return Fail(format.status());
+  attnserve::server::InitLogging(*level, *format);
+
+  for (const std::string& flag : flags.models) {
+    absl::StatusOr<attnserve::server::ModelConfig> model =
+        attnserve::server::ParseModelFlag(flag);
+    if (!model.ok()) return Fail(model.status());
+    flags.options.models.push_back(*std::move(model));
+  }
+  absl::StatusOr<std::unique_ptr<attnserve::server::Server>> server =
+      attnserve::server::Server::Start(flags.options);
+  if (!server.ok()) return Fail(server.status());
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  attnserve::server::Log(LogLevel::kInfo, "signal received",
+                         {{"signal", signal == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  (*server)->Shutdown(std::chrono::seconds(flags.shutdown_grace_s));
+  server->reset();
+  return 0;
+}

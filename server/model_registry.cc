@@ -1,0 +1,70 @@
+#include "server/model_registry.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/weights.h"
+
+namespace attnserve::server {
+namespace {
+
+absl::StatusOr<std::shared_ptr<const core::Layer>> LoadLayer(const ModelConfig& config) {
+  core::LayerWeights weights;
+  if (config.path == kBuiltInSource) {
+    weights = core::MakeDemoWeights();
+  } else {
+    absl::StatusOr<core::LayerWeights> loaded = core::LoadLayerWeights(config.path, config.load);
+    if (!loaded.ok()) return loaded.status();
+    weights = *std::move(loaded);
+  }
+  return core::Layer::Create(std::move(weights), config.precision);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Load(
+    const std::vector<ModelConfig>& configs, const SchedulerOptions& scheduler_options) {
+  std::vector<ModelConfig> wanted = configs;
+  if (wanted.empty()) wanted.emplace_back().name = "demo";
+  std::unique_ptr<ModelRegistry> registry(new ModelRegistry);
+  for (const ModelConfig& config : wanted) {
+    absl::StatusOr<std::shared_ptr<const core::Layer>> layer = LoadLayer(config);
+    if (!layer.ok()) {
+      return absl::Status(layer.status().code(), absl::StrCat("model '", config.name, "': ",
+                                                              layer.status().message()));
+    }
+    auto model = std::make_unique<ServedModel>();
+    model->name = config.name;
+    model->source = config.path;
+    model->layer = *std::move(layer);
+    model->scheduler = std::make_unique<Scheduler>(model->name, model->layer, scheduler_options,
+                                                   &registry->compute_mutex_);
+    registry->models_.push_back(std::move(model));
+  }
+  return registry;
+}
+
+absl::StatusOr<ServedModel*> ModelRegistry::Find(absl::string_view name) const {
+  if (name.empty()) {
+    if (models_.size() == 1) return models_.front().get();
+    return absl::InvalidArgumentError(
+        absl::StrCat("model is empty but several models are loaded: ", Names()));
+  }
+  for (const auto& model : models_) {
+    if (model->name == name) return model.get();
+  }
+  return absl::NotFoundError(absl::StrCat("no model '", name, "'; loaded: ", Names()));
+}
+
+void ModelRegistry::Drain() {
+  for (const auto& model : models_) model->scheduler->Drain();
+}
+
+std::string ModelRegistry::Names() const {
+  return absl::StrJoin(models_, ", ", [](std::string* out, const auto& model) {
+    absl::StrAppend(out, model->name);
+  });
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,50 @@
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/layer.h"
+#include "server/options.h"
+#include "server/scheduler.h"
+
+namespace attnserve::server {
+
+// A loaded model as the server serves it: its layer and the scheduler that runs it.
+struct ServedModel {
+  std::string name;
+  std::string source;  // the weights file, or "built-in"
+  std::shared_ptr<const core::Layer> layer;
+  std::unique_ptr<Scheduler> scheduler;
+};
+
+// The models of one server, loaded once at start-up and fixed after.
+class ModelRegistry {
+ public:
+  // Loads every model (the demo layer, named "demo", when `configs` is empty). The first model
+  // that fails stops the loading with the loader's message, prefixed by the model's name.
+  static absl::StatusOr<std::unique_ptr<ModelRegistry>> Load(
+      const std::vector<ModelConfig>& configs, const SchedulerOptions& scheduler_options);
+
+  // The model a call names. An empty name means the only model; with several loaded it is
+  // InvalidArgument, and an unknown name NotFound, both listing the models there are.
+  absl::StatusOr<ServedModel*> Find(absl::string_view name) const;
+
+  // Every model, in the order they were given.
+  const std::vector<std::unique_ptr<ServedModel>>& models() const { return models_; }
+
+  // Drains every scheduler: queued and running calls finish, new ones are refused.
+  void Drain();
+
+ private:
+  ModelRegistry() = default;
+  std::string Names() const;
+
+  std::mutex compute_mutex_;  // one Forward at a time across models: each uses every core
+  std::vector<std::unique_ptr<ServedModel>> models_;
+};
+
+}  // namespace attnserve::server

@@ -1,0 +1,105 @@
+#include "server/options.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace attnserve::server {
+namespace {
+
+// Applies one `key=value` option; false when `part` is not an option (then it is part of PATH).
+absl::StatusOr<bool> ApplyModelOption(absl::string_view part, ModelConfig* config) {
+  const size_t eq = part.find('=');
+  if (eq == absl::string_view::npos) return false;
+  const absl::string_view key = part.substr(0, eq);
+  const absl::string_view value = part.substr(eq + 1);
+  if (key == "num_heads") {
+    int64_t heads = 0;
+    if (!absl::SimpleAtoi(value, &heads) || heads <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_heads must be a positive integer, got '", value, "'"));
+    }
+    config->load.num_heads = heads;
+  } else if (key == "prefix") {
+    config->load.prefix = std::string(value);
+  } else if (key == "precision") {
+    if (value == "f32") {
+      config->precision = core::Precision::kF32;
+    } else if (value == "bf16") {
+      config->precision = core::Precision::kBF16;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("precision must be f32 or bf16, got '", value, "'"));
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseModelFlag(absl::string_view flag) {
+  const size_t eq = flag.find('=');
+  if (eq == absl::string_view::npos || eq == 0 || eq + 1 == flag.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model '", flag, "': expected NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]"));
+  }
+  ModelConfig config;
+  config.name = std::string(flag.substr(0, eq));
+  const std::vector<absl::string_view> parts = absl::StrSplit(flag.substr(eq + 1), ':');
+  // Options are recognised from the end, so a PATH with ':' in it survives.
+  size_t path_parts = parts.size();
+  while (path_parts > 1) {
+    ModelConfig trial = config;
+    absl::StatusOr<bool> applied = ApplyModelOption(parts[path_parts - 1], &trial);
+    if (!applied.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model '", flag, "': ", applied.status().message()));
+    }
+    if (!*applied) break;
+    config = std::move(trial);
+    --path_parts;
+  }
+  std::vector<absl::string_view> path(parts.begin(), parts.begin() + path_parts);
+  config.path = absl::StrJoin(path, ":");
+  if (config.path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--model '", flag, "': empty PATH"));
+  }
+  return config;
+}
+
+absl::Status CheckOptions(const ServerOptions& options) {
+  const size_t colon = options.listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen '", options.listen, "': expected HOST:PORT (PORT 0..65535)"));
+  }
+  if (options.max_message_mib <= 0 || options.max_message_mib > 2047) {
+    return absl::InvalidArgumentError("--max-message-mib must be in 1..2047");
+  }
+  if (options.max_queue <= 0) return absl::InvalidArgumentError("--max-queue must be positive");
+  if (options.max_batch_tokens < 0) {
+    return absl::InvalidArgumentError("--max-batch-tokens must be >= 0");
+  }
+  if (options.compute_threads < 0 || options.grpc_threads < 0) {
+    return absl::InvalidArgumentError("--threads and --grpc-threads must be >= 0");
+  }
+  std::set<std::string> names;
+  for (const ModelConfig& model : options.models) {
+    if (model.name.empty()) return absl::InvalidArgumentError("a model needs a name");
+    if (!names.insert(model.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("model name '", model.name, "' given twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,44 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/layer_spec.h"
+#include "core/weights.h"
+
+namespace attnserve::server {
+
+// The path that names the built-in demo layer instead of a file (`--model demo=built-in`).
+inline constexpr absl::string_view kBuiltInSource = "built-in";
+
+// One model to serve: a name clients use, where its weights come from and how to read them.
+struct ModelConfig {
+  std::string name;
+  std::string path = std::string(kBuiltInSource);  // a safetensors file, or kBuiltInSource
+  core::LoadOptions load;
+  core::Precision precision = core::Precision::kF32;
+};
+
+// Everything the server is configured with; main fills it from the command line.
+struct ServerOptions {
+  std::string listen = "0.0.0.0:50051";  // HOST:PORT; port 0 picks a free port
+  std::string port_file;                 // when set, the bound HOST:PORT is written here
+  std::vector<ModelConfig> models;       // empty: the demo layer, named "demo"
+  int compute_threads = 0;               // OpenMP threads per Forward; 0: every core
+  int grpc_threads = 0;                  // cap on gRPC's threads; 0: gRPC's default
+  int max_message_mib = 64;              // largest request or response
+  int max_queue = 128;                   // calls waiting per model before RESOURCE_EXHAUSTED
+  int64_t max_batch_tokens = 4096;       // dynamic batching budget per run; 0: no batching
+};
+
+// Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'
+// (only the trailing `:key=value` parts with known keys are options).
+absl::StatusOr<ModelConfig> ParseModelFlag(absl::string_view flag);
+
+// Checks the options as a whole (listen address form, positive limits, unique model names).
+absl::Status CheckOptions(const ServerOptions& options);
+
+}  // namespace attnserve::server

@@ -1,0 +1,191 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/runtime_info.h"
+#include "server/logging.h"
+
+namespace attnserve::server {
+namespace {
+
+int64_t Tokens(const core::ForwardArgs& args) {
+  return args.input.total_length() + (args.context ? args.context->total_length() : 0);
+}
+
+// Whether `job` may share a merged run with `head`.
+bool Mergeable(const core::ForwardArgs& head, const core::ForwardArgs& job) {
+  return !job.return_attention && job.kind == head.kind &&
+         job.context.has_value() == head.context.has_value();
+}
+
+// Appends the valid rows of `batch` to `rows` (packed) and its lengths to `lengths`.
+void AppendValidRows(const core::RaggedBatch& batch, std::vector<float>* rows,
+                     std::vector<int64_t>* lengths) {
+  for (int64_t b = 0; b < batch.batch(); ++b) {
+    const float* src = batch.data + batch.row_offset(b) * batch.width;
+    rows->insert(rows->end(), src, src + batch.lengths[b] * batch.width);
+    lengths->push_back(batch.lengths[b]);
+  }
+}
+
+// A packed batch over `rows`.
+core::RaggedBatch PackedBatch(const std::vector<float>& rows, std::vector<int64_t> lengths,
+                              int64_t width) {
+  core::RaggedBatch batch;
+  batch.data = rows.data();
+  batch.width = width;
+  batch.lengths = std::move(lengths);
+  batch.padded_length = core::RaggedBatch::kPacked;
+  return batch;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(std::string model_name, std::shared_ptr<const core::Layer> layer,
+                     SchedulerOptions options, std::mutex* compute_mutex)
+    : model_name_(std::move(model_name)),
+      layer_(std::move(layer)),
+      options_(options),
+      compute_mutex_(compute_mutex),
+      worker_([this] { WorkerLoop(); }) {}
+
+Scheduler::~Scheduler() { Drain(); }
+
+void Scheduler::Submit(std::unique_ptr<Job> job) {
+  absl::Status refused;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) {
+      refused = absl::UnavailableError("the server is shutting down");
+    } else if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "model '", model_name_, "' has ", queue_.size(), " calls queued (--max-queue)"));
+    } else {
+      queue_.push_back(std::move(job));
+    }
+  }
+  if (!refused.ok()) {
+    job->Finish(refused, 0);
+    return;
+  }
+  cv_.notify_one();
+}
+
+void Scheduler::Drain() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+int Scheduler::queued() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int>(queue_.size());
+}
+
+void Scheduler::WorkerLoop() {
+  // OpenMP keeps the thread count per thread: set it on the thread that computes.
+  core::SetComputeThreads(options_.compute_threads);
+  while (true) {
+    std::vector<std::unique_ptr<Job>> jobs;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return !queue_.empty() || closed_; });
+      if (queue_.empty()) return;  // closed and everything answered
+      jobs = TakeBatchLocked();
+    }
+    RunBatch(std::move(jobs));
+  }
+}
+
+std::vector<std::unique_ptr<Job>> Scheduler::TakeBatchLocked() {
+  std::vector<std::unique_ptr<Job>> jobs;
+  jobs.push_back(std::move(queue_.front()));
+  queue_.pop_front();
+  const core::ForwardArgs& head = jobs.front()->args();
+  if (options_.max_batch_tokens <= 0 || head.return_attention) return jobs;
+  int64_t tokens = Tokens(head);
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const core::ForwardArgs& args = (*it)->args();
+    if (Mergeable(head, args) && tokens + Tokens(args) <= options_.max_batch_tokens) {
+      tokens += Tokens(args);
+      jobs.push_back(std::move(*it));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return jobs;
+}
+
+void Scheduler::RunBatch(std::vector<std::unique_ptr<Job>> jobs) {
+  // Calls whose caller left or whose deadline passed while queued are answered, not computed.
+  std::vector<std::unique_ptr<Job>> live;
+  for (auto& job : jobs) {
+    absl::Status alive = job->CheckAlive();
+    if (alive.ok()) {
+      live.push_back(std::move(job));
+    } else {
+      job->Finish(alive, 0);
+    }
+  }
+  if (live.empty()) return;
+  std::lock_guard compute(*compute_mutex_);
+  if (live.size() == 1) {
+    RunOne(*live.front());
+  } else {
+    RunMerged(live);
+  }
+}
+
+void Scheduler::RunOne(Job& job) {
+  const core::ForwardShapes shapes = layer_->Shapes(job.args());
+  const ForwardBuffers buffers = job.Buffers(shapes);
+  job.Finish(layer_->Forward(job.args(), buffers.output, buffers.attention), 1);
+}
+
+void Scheduler::RunMerged(std::vector<std::unique_ptr<Job>>& jobs) {
+  // One packed batch holding every job's valid rows, sequences in job order.
+  const core::ForwardArgs& head = jobs.front()->args();
+  std::vector<float> input_rows, context_rows;
+  std::vector<int64_t> input_lengths, context_lengths;
+  for (const auto& job : jobs) {
+    AppendValidRows(job->args().input, &input_rows, &input_lengths);
+    if (head.context) AppendValidRows(*job->args().context, &context_rows, &context_lengths);
+  }
+  core::ForwardArgs merged;
+  merged.kind = head.kind;
+  merged.input = PackedBatch(input_rows, std::move(input_lengths), head.input.width);
+  if (head.context) {
+    merged.context = PackedBatch(context_rows, std::move(context_lengths), head.context->width);
+  }
+  const core::ForwardShapes merged_shapes = layer_->Shapes(merged);
+  std::vector<float> output(merged_shapes.output_size());
+  const absl::Status status = layer_->Forward(merged, output);
+  const int batch_size = static_cast<int>(jobs.size());
+  if (!status.ok()) {
+    for (auto& job : jobs) job->Finish(status, batch_size);
+    return;
+  }
+  // Splits the packed output back into each call's own layout; padded rows stay 0.
+  const int64_t width = merged_shapes.output_width;
+  const float* src = output.data();
+  for (auto& job : jobs) {
+    const core::RaggedBatch& input = job->args().input;
+    const ForwardBuffers buffers = job->Buffers(layer_->Shapes(job->args()));
+    for (int64_t b = 0; b < input.batch(); ++b) {
+      const int64_t count = input.lengths[b] * width;
+      std::memcpy(buffers.output.data() + input.row_offset(b) * width, src,
+                  count * sizeof(float));
+      src += count;
+    }
+    job->Finish(absl::OkStatus(), batch_size);
+  }
+}
+
+}  // namespace attnserve::server

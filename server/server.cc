@@ -1,0 +1,133 @@
+#include "server/server.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/runtime_info.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "server/logging.h"
+
+namespace attnserve::server {
+namespace {
+
+// Writes the port through a temporary file and a rename, so a reader never sees half of it.
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write --port-file ", tmp));
+  }
+  std::error_code error;
+  std::filesystem::rename(tmp, path, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot write --port-file ", path, ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+void SetHealth(grpc::Server* server, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(kServiceName, serving);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  if (absl::Status status = CheckOptions(options); !status.ok()) return status;
+  std::unique_ptr<Server> server(new Server);
+  const SchedulerOptions scheduler_options{.max_queue = options.max_queue,
+                                           .max_batch_tokens = options.max_batch_tokens,
+                                           .compute_threads = options.compute_threads};
+  absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
+      ModelRegistry::Load(options.models, scheduler_options);
+  if (!registry.ok()) return registry.status();
+  server->registry_ = *std::move(registry);
+
+  const int64_t max_bytes = int64_t{options.max_message_mib} << 20;
+  server->service_ = std::make_unique<AttentionService>(server->registry_.get(), max_bytes);
+
+  // Both process-wide switches must be set before the builder is made.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
+  if (options.grpc_threads > 0) {
+    grpc::ResourceQuota quota("attnserve");
+    quota.SetMaxThreads(options.grpc_threads);
+    builder.SetResourceQuota(quota);
+  }
+  server->grpc_server_ = builder.BuildAndStart();
+  if (server->grpc_server_ == nullptr || server->port_ == 0) {
+    server->registry_->Drain();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  server->address_ =
+      absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", server->port_);
+  SetHealth(server->grpc_server_.get(), true);
+  if (!options.port_file.empty()) {
+    if (absl::Status status = WritePortFile(options.port_file, server->port_); !status.ok()) {
+      server->Shutdown(std::chrono::milliseconds(0));
+      return status;
+    }
+  }
+  server->LogSummary(options);
+  return server;
+}
+
+Server::~Server() { Shutdown(); }
+
+void Server::Shutdown(std::chrono::milliseconds grace) {
+  std::lock_guard lock(shutdown_mu_);
+  if (shut_down_ || grpc_server_ == nullptr) return;
+  shut_down_ = true;
+  Log(LogLevel::kInfo, "shutting down: draining calls", {{"address", address_}});
+  // Load balancers first, so they stop sending; then refuse what still arrives.
+  SetHealth(grpc_server_.get(), false);
+  service_->StopAccepting();
+  registry_->Drain();
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + grace);
+  grpc_server_->Wait();
+  Log(LogLevel::kInfo, "stopped", {{"address", address_}});
+}
+
+void Server::LogSummary(const ServerOptions& options) const {
+  const core::RuntimeInfo runtime = core::GetRuntimeInfo();
+  Log(LogLevel::kInfo, "attnserve listening",
+      {{"address", address_}, {"models", static_cast<int64_t>(registry_->models().size())},
+       {"onednn", runtime.dnnl_version}, {"isa", runtime.cpu_isa},
+       {"compute_threads", options.compute_threads > 0 ? options.compute_threads
+                                                       : runtime.compute_threads},
+       {"max_message_mib", options.max_message_mib}, {"max_queue", options.max_queue},
+       {"max_batch_tokens", options.max_batch_tokens}});
+  for (const auto& model : registry_->models()) {
+    const v1::ModelInfo info = DescribeModel(*model);
+    std::vector<std::string> kinds;
+    for (int kind : info.kinds()) {
+      kinds.push_back(absl::AsciiStrToLower(v1::AttentionKind_Name(kind).substr(15)));
+    }
+    Log(LogLevel::kInfo, "model loaded",
+        {{"name", info.name()}, {"source", info.source()}, {"layout", info.layout()},
+         {"d_model", info.d_model()}, {"d_context", info.d_context()},
+         {"num_heads", info.num_heads()}, {"head_dim", info.head_dim()},
+         {"bias", info.has_bias()}, {"output_projection", info.has_output_projection()},
+         {"precision", info.precision()}, {"kinds", absl::StrJoin(kinds, ",")}});
+  }
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,56 @@
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/server.h"
+#include "server/attention_service.h"
+#include "server/model_registry.h"
+#include "server/options.h"
+
+namespace attnserve::server {
+
+// The service name clients and health checks use.
+inline constexpr char kServiceName[] = "attnserve.v1.AttentionService";
+
+// A running attnserve: models loaded, gRPC listening, health SERVING. Used by main and, at
+// localhost:0, by the service tests.
+class Server {
+ public:
+  // Loads the models, binds, starts serving and writes the port file. Fails with the loader's
+  // message when a model does not load, or Unavailable when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+
+  // Shuts down (gracefully) if that has not happened yet.
+  ~Server();
+
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The port bound (the chosen one when the options asked for port 0).
+  int port() const { return port_; }
+
+  // HOST:PORT as bound.
+  const std::string& address() const { return address_; }
+
+  // Graceful stop: health NOT_SERVING, new calls UNAVAILABLE, queued and running calls finish,
+  // then gRPC shuts down, cancelling what is left after `grace`. Idempotent.
+  void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(30));
+
+ private:
+  Server() = default;
+  void LogSummary(const ServerOptions& options) const;
+
+  std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<AttentionService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+  std::string address_;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;  // guarded by shutdown_mu_
+};
+
+}  // namespace attnserve::server
