@@ -1,1 +1,490 @@
-// placeholder
+// Layer: checks a call, then runs it on oneDNN without touching padding. The valid tokens are
+// packed back to back, projected with one matmul per weight matrix (Q|K|V fused for the self
+// kinds), handed to RunAttention with per-sequence offsets, projected out, and scattered back
+// into the caller's layout with zero rows where the caller has padding.
+
+#include "core/layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/attention_kernel.h"
+#include "core/dnnl_context.h"
+
+namespace attnserve::core {
+namespace {
+
+// The largest buffer (in floats) a call may imply. Far above any real request (32k tokens of
+// width 3*4096 is 4e8), low enough that a forged size is refused instead of allocated.
+constexpr int64_t kMaxElements = int64_t{1} << 32;
+
+// From this many rows on, one runtime-M primitive (oneDNN's gemm:jit, as fast as brgemm there)
+// serves every row count; below it, fixed-M brgemm primitives are twice as fast, so the rows
+// are rounded up to a few buckets, each a primitive of its own.
+constexpr int64_t kRuntimeRowsFrom = 1024;
+
+// The rows the matmuls run on for `rows` valid tokens (padding rows of the buckets are zeros).
+int64_t MatmulRows(int64_t rows) {
+  if (rows >= kRuntimeRowsFrom) return rows;
+  const int64_t step = rows <= 128 ? 16 : 64;
+  return (rows + step - 1) / step * step;
+}
+
+// a * b when it stays within kMaxElements, else -1.
+int64_t CheckedProduct(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &product) || product > kMaxElements) {
+    return -1;
+  }
+  return product;
+}
+
+// The first non-finite value among the valid rows of `batch`, as an error naming its place.
+absl::Status CheckFinite(const char* what, const RaggedBatch& batch) {
+  const int64_t rows = batch.packed() ? batch.total_length() : batch.rows();
+  const int64_t width = batch.width;
+  int64_t bad_row = -1;
+#pragma omp parallel for schedule(static) reduction(max : bad_row)
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!batch.packed() && r % batch.padded_length >= batch.lengths[r / batch.padded_length]) {
+      continue;  // padding is never read, so its contents do not matter
+    }
+    const float* row = batch.data + r * width;
+    float sum = 0.0f;
+    // inf * 0 and NaN * 0 are NaN: one vectorisable pass finds any non-finite value.
+    for (int64_t c = 0; c < width; ++c) sum += row[c] * 0.0f;
+    if (sum != sum && bad_row < 0) bad_row = r;
+  }
+  if (bad_row < 0) return absl::OkStatus();
+  int64_t column = 0;
+  while (std::isfinite(batch.data[bad_row * width + column])) ++column;
+  return absl::InvalidArgumentError(absl::StrCat(what, " row ", bad_row, " column ", column,
+                                                 " is not finite"));
+}
+
+// Width, padded length, lengths, sizes and data of one batch of a call.
+absl::Status CheckBatch(const char* what, const RaggedBatch& batch, int64_t width,
+                        const char* width_name) {
+  if (batch.width != width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " width ", batch.width, " != ", width_name, " ", width));
+  }
+  if (!batch.packed() && batch.padded_length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " padded length ", batch.padded_length, " is negative"));
+  }
+  int64_t total = 0;
+  for (int64_t b = 0; b < batch.batch(); ++b) {
+    const int64_t length = batch.lengths[b];
+    if (length < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " length[", b, "] = ", length, " is negative"));
+    }
+    if (!batch.packed() && length > batch.padded_length) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " length[", b, "] = ", length,
+                                                     " > padded length ", batch.padded_length));
+    }
+    total += std::min(length, kMaxElements);  // both < 2^33: the sum cannot overflow
+    if (total > kMaxElements) break;
+  }
+  const int64_t rows =
+      batch.packed() ? total : CheckedProduct(batch.batch(), batch.padded_length);
+  if (total > kMaxElements || rows < 0 || CheckedProduct(rows, std::max<int64_t>(width, 1)) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is too large: ", batch.batch(), " sequences, padded length ",
+                     batch.padded_length, ", width ", width));
+  }
+  if (batch.data == nullptr && rows > 0 && width > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " data is null but has ", rows, " rows"));
+  }
+  return CheckFinite(what, batch);
+}
+
+// The buffers a valid call implies (scratch and the attention output) stay within
+// kMaxElements, so a forged shape is refused rather than allocated.
+absl::Status CheckCallSize(const LayerSpec& spec, const ForwardArgs& args) {
+  const RaggedBatch& kv = args.context ? *args.context : args.input;
+  const int64_t tokens = MatmulRows(args.input.total_length());
+  const int64_t kv_tokens = MatmulRows(kv.total_length());
+  const int64_t widest = std::max({3 * spec.inner(), spec.d_model, spec.d_output()});
+  int64_t probabilities = 0;
+  if (args.return_attention) {
+    probabilities = CheckedProduct(
+        CheckedProduct(args.input.batch(), spec.num_heads),
+        CheckedProduct(args.input.view_length(), kv.view_length()));
+    if (probabilities < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention probabilities of ", args.input.batch(), " x ", spec.num_heads, " x ",
+          args.input.view_length(), " x ", kv.view_length(), " are too large to return"));
+    }
+  }
+  if (CheckedProduct(tokens, widest) < 0 || CheckedProduct(kv_tokens, 2 * spec.inner()) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("call too large: ", tokens, " tokens, ",
+                                                   kv_tokens, " context tokens"));
+  }
+  return absl::OkStatus();
+}
+
+// Prefix sums of `lengths`: the first packed row of each sequence.
+std::vector<int64_t> PackedOffsets(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> offsets(lengths.size());
+  int64_t next = 0;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    offsets[b] = next;
+    next += lengths[b];
+  }
+  return offsets;
+}
+
+// Copies (and for bf16 rounds) the valid rows of `batch` into `rows` packed rows of `buffer`,
+// zeroing the rows past the valid ones. Returns the input itself when nothing needs doing.
+const void* PackRows(const RaggedBatch& batch, std::span<const int64_t> offsets, int64_t rows,
+                     bool bf16, ScratchBuffer& buffer) {
+  const int64_t valid = batch.total_length();
+  const int64_t width = batch.width;
+  if (!bf16 && batch.packed() && rows == valid) return batch.data;
+  const int64_t element = bf16 ? 2 : 4;
+  char* out = static_cast<char*>(buffer.Get(rows * width * element));
+  const int64_t src_rows = batch.packed() ? valid : batch.rows();
+  const int64_t padded = batch.padded_length;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < src_rows; ++r) {
+    int64_t dst = r;
+    if (!batch.packed()) {
+      const int64_t b = r / padded, i = r % padded;
+      if (i >= batch.lengths[b]) continue;
+      dst = offsets[b] + i;
+    }
+    const float* src = batch.data + r * width;
+    if (bf16) {
+      ConvertToBf16(src, reinterpret_cast<uint16_t*>(out + dst * width * 2), width);
+    } else {
+      std::memcpy(out + dst * width * 4, src, width * 4);
+    }
+  }
+  std::memset(out + valid * width * element, 0, (rows - valid) * width * element);
+  return out;
+}
+
+// Writes the packed `rows` ([total_length, width]) into `output` in the layout of `batch`, with
+// zero rows where `batch` has padding.
+void ScatterRows(const RaggedBatch& batch, std::span<const int64_t> offsets, const float* rows,
+                 int64_t width, std::span<float> output) {
+  if (batch.packed()) {
+    if (rows != output.data()) {
+      std::memcpy(output.data(), rows, batch.total_length() * width * sizeof(float));
+    }
+    return;
+  }
+  const int64_t padded = batch.padded_length;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < batch.rows(); ++r) {
+    const int64_t b = r / padded, i = r % padded;
+    float* dst = output.data() + r * width;
+    if (i < batch.lengths[b]) {
+      std::memcpy(dst, rows + (offsets[b] + i) * width, width * sizeof(float));
+    } else {
+      std::memset(dst, 0, width * sizeof(float));
+    }
+  }
+}
+
+// One projection as the matmul sees it: W [n, k] (f32 or bf16), bias f32 [n] or null.
+struct Projection {
+  const void* weights = nullptr;
+  const float* bias = nullptr;
+  int64_t k = 0;
+  int64_t n = 0;
+  bool bf16 = false;
+};
+
+// y[rows, n] = x[rows, k] W^T + b. `rows` must come from MatmulRows.
+absl::Status Project(const Projection& p, int64_t rows, const void* x, float* y,
+                     ThreadScratch& scratch) {
+  MatmulKey key{rows >= kRuntimeRowsFrom ? DNNL_RUNTIME_DIM_VAL : rows, p.k, p.n, p.bf16,
+                p.bias != nullptr};
+  absl::StatusOr<std::shared_ptr<const CachedMatmul>> matmul = GetMatmul(key);
+  if (!matmul.ok()) return matmul.status();
+  void* scratchpad = scratch.scratchpad.Get((*matmul)->scratchpad_bytes);
+  ExecuteMatmul(**matmul, {rows, x, p.weights, p.bias, y, scratchpad});
+  return absl::OkStatus();
+}
+
+// Rows [valid, rows) of a [rows, width] buffer set to 0, so bucket padding stays finite.
+void ZeroTail(float* data, int64_t valid, int64_t rows, int64_t width) {
+  std::memset(data + valid * width, 0, (rows - valid) * width * sizeof(float));
+}
+
+}  // namespace
+
+int64_t ForwardShapes::attention_size() const {
+  return attention_dims[0] * attention_dims[1] * attention_dims[2] * attention_dims[3];
+}
+
+// The weights in the form the matmuls read. W_q, W_k and W_v are stacked row-wise in one
+// buffer: with d_context == d_model that is the fused [3*inner, d_model] matrix of the self
+// kinds, and its first inner rows and the rest are the Q and K|V matrices of the cross kinds.
+struct Layer::Impl {
+  LayerSpec spec;
+  Precision precision = Precision::kF32;
+  std::vector<float> w_qkv, b_qkv, w_o, b_o;  // f32 weights (emptied for bf16)
+  std::vector<uint16_t> w_qkv16, w_o16;       // bf16 weights
+
+  bool bf16() const { return precision == Precision::kBF16; }
+  const char* qkv_base() const {
+    return bf16() ? reinterpret_cast<const char*>(w_qkv16.data())
+                  : reinterpret_cast<const char*>(w_qkv.data());
+  }
+  const float* bias(const std::vector<float>& b, int64_t offset) const {
+    return spec.has_bias ? b.data() + offset : nullptr;
+  }
+  Projection QKV() const {
+    return {qkv_base(), bias(b_qkv, 0), spec.d_model, 3 * spec.inner(), bf16()};
+  }
+  Projection Q() const { return {qkv_base(), bias(b_qkv, 0), spec.d_model, spec.inner(), bf16()}; }
+  Projection KV() const {
+    const int64_t offset = spec.inner() * spec.d_model * (bf16() ? 2 : 4);
+    return {qkv_base() + offset, bias(b_qkv, spec.inner()), spec.d_context, 2 * spec.inner(),
+            bf16()};
+  }
+  Projection Out() const {
+    const void* w = bf16() ? static_cast<const void*>(w_o16.data()) : w_o.data();
+    return {w, bias(b_o, 0), spec.inner(), spec.d_model, bf16()};
+  }
+
+  absl::Status Run(const ForwardArgs& args, std::span<float> output,
+                   std::span<float> attention) const;
+  absl::Status RunProjectedAttention(const ForwardArgs& args, std::span<float> output,
+                                     std::span<float> attention) const;
+};
+
+namespace {
+
+// Row-wise concatenation of the given matrices.
+std::vector<float> Stack(std::initializer_list<const std::vector<float>*> parts) {
+  std::vector<float> out;
+  for (const std::vector<float>* p : parts) out.insert(out.end(), p->begin(), p->end());
+  return out;
+}
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& values) {
+  std::vector<uint16_t> out(values.size());
+  ConvertToBf16(values.data(), out.data(), static_cast<int64_t>(values.size()));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Layer>> Layer::Create(LayerWeights weights,
+                                                           Precision precision) {
+  if (absl::Status s = CheckWeights(weights); !s.ok()) return s;
+  for (const std::vector<float>* w : {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o,
+                                      &weights.b_q, &weights.b_k, &weights.b_v, &weights.b_o}) {
+    if (!std::all_of(w->begin(), w->end(), [](float v) { return std::isfinite(v); })) {
+      return absl::InvalidArgumentError("layer weights contain a non-finite value");
+    }
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->spec = weights.spec;
+  impl->precision = precision;
+  impl->w_qkv = Stack({&weights.w_q, &weights.w_k, &weights.w_v});
+  impl->b_qkv = Stack({&weights.b_q, &weights.b_k, &weights.b_v});
+  impl->w_o = std::move(weights.w_o);
+  impl->b_o = std::move(weights.b_o);
+  if (precision == Precision::kBF16) {
+    // Reordered once here; activations are rounded per call, accumulation stays f32.
+    impl->w_qkv16 = ToBf16(impl->w_qkv);
+    impl->w_o16 = ToBf16(impl->w_o);
+    impl->w_qkv = {};
+    impl->w_o = {};
+  }
+  try {
+    CpuEngine();  // fail here, not in the first call, if oneDNN cannot make an engine
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN CPU engine: ", e.what()));
+  }
+  return std::shared_ptr<const Layer>(new Layer(std::move(impl)));
+}
+
+Layer::Layer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Layer::~Layer() = default;
+
+const LayerSpec& Layer::spec() const { return impl_->spec; }
+Precision Layer::precision() const { return impl_->precision; }
+
+absl::Status Layer::Validate(const ForwardArgs& args) const {
+  const LayerSpec& spec = impl_->spec;
+  const AttentionKind kind = args.kind;
+  if (kind != AttentionKind::kBidirectional && kind != AttentionKind::kCausal &&
+      kind != AttentionKind::kCross && kind != AttentionKind::kCausalCross) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown attention kind ", static_cast<int>(kind)));
+  }
+  const bool cross = IsCross(kind);
+  if (cross && !args.context) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(KindName(kind)), " attention needs a context"));
+  }
+  if (!cross && args.context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(KindName(kind)), " attention takes no context (only the cross kinds do)"));
+  }
+  if (!cross && !spec.serves_self_attention()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(KindName(kind)), " attention needs d_context == d_model; this layer has d_context ",
+        spec.d_context, " != d_model ", spec.d_model, " (cross kinds only)"));
+  }
+  if (absl::Status s = CheckBatch("input", args.input, spec.d_model, "d_model"); !s.ok()) {
+    return s;
+  }
+  if (cross) {
+    const RaggedBatch& context = *args.context;
+    if (context.batch() != args.input.batch()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "context batch ", context.batch(), " != input batch ", args.input.batch()));
+    }
+    if (absl::Status s = CheckBatch("context", context, spec.d_context, "d_context"); !s.ok()) {
+      return s;
+    }
+  }
+  return CheckCallSize(spec, args);
+}
+
+ForwardShapes Layer::Shapes(const ForwardArgs& args) const {
+  const LayerSpec& spec = impl_->spec;
+  ForwardShapes shapes;
+  shapes.output_rows = args.input.rows();
+  shapes.output_width = spec.d_output();
+  if (args.return_attention) {
+    const RaggedBatch& kv = IsCross(args.kind) && args.context ? *args.context : args.input;
+    shapes.attention_dims[0] = args.input.batch();
+    shapes.attention_dims[1] = spec.num_heads;
+    shapes.attention_dims[2] = args.input.view_length();
+    shapes.attention_dims[3] = kv.view_length();
+  }
+  return shapes;
+}
+
+absl::Status Layer::Forward(const ForwardArgs& args, std::span<float> output,
+                            std::span<float> attention) const {
+  if (absl::Status s = Validate(args); !s.ok()) return s;
+  const ForwardShapes shapes = Shapes(args);
+  if (static_cast<int64_t>(output.size()) != shapes.output_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("output buffer has ", output.size(),
+                                                   " floats, the call needs ",
+                                                   shapes.output_size()));
+  }
+  if (static_cast<int64_t>(attention.size()) != shapes.attention_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("attention buffer has ", attention.size(),
+                                                   " floats, the call needs ",
+                                                   shapes.attention_size()));
+  }
+  try {
+    return impl_->Run(args, output, attention);
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory for the layer's scratch buffers");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("layer forward: ", e.what()));
+  }
+}
+
+absl::Status Layer::Impl::Run(const ForwardArgs& args, std::span<float> output,
+                              std::span<float> attention) const {
+  if (args.input.total_length() == 0) {
+    // Nothing valid to compute: every output row is padding, every probability masked.
+    std::fill(output.begin(), output.end(), 0.0f);
+    std::fill(attention.begin(), attention.end(), 0.0f);
+    return absl::OkStatus();
+  }
+  return RunProjectedAttention(args, output, attention);
+}
+
+absl::Status Layer::Impl::RunProjectedAttention(const ForwardArgs& args, std::span<float> output,
+                                                std::span<float> attention) const {
+  ThreadScratch& scratch = GetThreadScratch();
+  const RaggedBatch& input = args.input;
+  const bool cross = IsCross(args.kind);
+  const RaggedBatch& kv = cross ? *args.context : input;
+  const int64_t inner = spec.inner();
+  const std::vector<int64_t> q_offsets = PackedOffsets(input.lengths);
+  const std::vector<int64_t> kv_offsets = cross ? PackedOffsets(kv.lengths) : q_offsets;
+  const int64_t tokens = input.total_length();
+  const int64_t rows = MatmulRows(tokens);
+
+  // 1. Projections of the valid tokens only.
+  AttentionProblem problem;
+  const void* x = PackRows(input, q_offsets, rows, bf16(), scratch.input);
+  if (!cross) {
+    float* qkv = scratch.qkv.As<float>(rows * 3 * inner);
+    if (absl::Status s = Project(QKV(), rows, x, qkv, scratch); !s.ok()) return s;
+    problem.q = qkv;
+    problem.k = qkv + inner;
+    problem.v = qkv + 2 * inner;
+    problem.q_stride = problem.k_stride = problem.v_stride = 3 * inner;
+  } else {
+    float* q = scratch.qkv.As<float>(rows * inner);
+    if (absl::Status s = Project(Q(), rows, x, q, scratch); !s.ok()) return s;
+    const int64_t kv_tokens = kv.total_length();
+    const int64_t kv_rows = MatmulRows(kv_tokens);
+    float* kv_out = scratch.kv.As<float>(std::max<int64_t>(kv_rows, 1) * 2 * inner);
+    if (kv_tokens > 0) {
+      const void* c = PackRows(kv, kv_offsets, kv_rows, bf16(), scratch.context);
+      if (absl::Status s = Project(KV(), kv_rows, c, kv_out, scratch); !s.ok()) return s;
+    }
+    problem.q = q;
+    problem.q_stride = inner;
+    problem.k = kv_out;
+    problem.v = kv_out + inner;
+    problem.k_stride = problem.v_stride = 2 * inner;
+  }
+
+  // 2. Attention into packed rows; straight into the caller's buffer when nothing follows.
+  const bool direct_out = input.packed() && rows == tokens;
+  float* attended = !spec.has_output_projection && direct_out
+                        ? output.data()
+                        : scratch.attention.As<float>(rows * inner);
+  problem.out = attended;
+  problem.out_stride = inner;
+  problem.q_lengths = input.lengths;
+  problem.q_offsets = q_offsets;
+  problem.kv_lengths = kv.lengths;
+  problem.kv_offsets = kv_offsets;
+  problem.num_heads = spec.num_heads;
+  problem.head_dim = spec.head_dim;
+  problem.causal = IsCausal(args.kind);
+  problem.scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
+  if (!attention.empty()) {
+    problem.probs = attention.data();
+    problem.probs_q_len = input.view_length();
+    problem.probs_kv_len = kv.view_length();
+  }
+  RunAttention(problem);
+  if (!spec.has_output_projection) {
+    ScatterRows(input, q_offsets, attended, inner, output);
+    return absl::OkStatus();
+  }
+
+  // 3. Output projection (bias in the primitive), then back to the caller's layout.
+  ZeroTail(attended, tokens, rows, inner);
+  const void* a = attended;
+  if (bf16()) {
+    uint16_t* a16 = scratch.attention16.As<uint16_t>(rows * inner);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) ConvertToBf16(attended + r * inner, a16 + r * inner, inner);
+    a = a16;
+  }
+  float* y = direct_out ? output.data() : scratch.output.As<float>(rows * spec.d_model);
+  if (absl::Status s = Project(Out(), rows, a, y, scratch); !s.ok()) return s;
+  ScatterRows(input, q_offsets, y, spec.d_model, output);
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::core
