@@ -38,6 +38,20 @@ absl::StatusOr<std::vector<float>> TakeTensor(core::SafetensorsFile& data, const
   return std::move(it->second.values);
 }
 
+// The manifest stores the sum PyTorch saw: a formula that drifted from make_fixtures.py's shows
+// up here rather than as a puzzling golden mismatch.
+absl::StatusOr<GoldenBatch> CheckFormulaSum(const Json& desc, GoldenBatch batch) {
+  if (!desc.contains("sum")) return batch;
+  double sum = 0.0;
+  for (float v : batch.values) sum += v;
+  const double expected = desc.at("sum").get<double>();
+  if (std::fabs(sum - expected) > 1e-6 * (1.0 + std::fabs(expected))) {
+    return absl::InternalError(absl::StrCat("formula input sums to ", sum, ", PyTorch's to ",
+                                            expected, ": FormulaValue and make_fixtures.py differ"));
+  }
+  return batch;
+}
+
 // A padded batch from its manifest description; values from the data file or the formula.
 absl::StatusOr<GoldenBatch> MakeBatch(const Json& desc, core::SafetensorsFile& data,
                                       const std::string& tensor, bool formula, double phase) {
@@ -60,7 +74,7 @@ absl::StatusOr<GoldenBatch> MakeBatch(const Json& desc, core::SafetensorsFile& d
       for (int64_t c = 0; c < batch.width; ++c) row[c] = FormulaValue(b, t, c, phase);
     }
   }
-  return batch;
+  return CheckFormulaSum(desc, batch);
 }
 
 absl::Status FillExpectations(const Json& desc, core::SafetensorsFile& data, GoldenCase& c) {

@@ -1,3 +1,257 @@
-// Golden tests: Layer::Forward against the PyTorch fixtures of tests/fixtures.
+// Golden tests: Layer::Forward against the PyTorch fixtures of tests/fixtures (every layout,
+// every kind it serves, ragged lengths, block boundaries, a 4096-token causal sequence), plus the
+// properties that must hold whatever the numbers: padded == packed, a batch == its sequences
+// alone, several threads on one layer.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/layer.h"
 #include "gtest/gtest.h"
 #include "tests/common/golden.h"
+
+namespace attnserve::core {
+namespace {
+
+using test::GoldenBatch;
+using test::GoldenCase;
+
+constexpr float kTolerance = 1e-4f;
+
+// Every case, loaded once for the whole binary (the long cases take a moment to build).
+const std::vector<GoldenCase>& Cases() {
+  static const std::vector<GoldenCase>* cases = [] {
+    absl::StatusOr<std::vector<GoldenCase>> loaded = test::LoadGoldenCases();
+    if (!loaded.ok()) {
+      ADD_FAILURE() << loaded.status();
+      return new std::vector<GoldenCase>();
+    }
+    return new std::vector<GoldenCase>(*std::move(loaded));
+  }();
+  return *cases;
+}
+
+const GoldenCase& CaseNamed(const std::string& name) {
+  for (const GoldenCase& c : Cases()) {
+    if (c.name == name) return c;
+  }
+  static const GoldenCase kNone;
+  ADD_FAILURE() << "no golden case " << name;
+  return kNone;
+}
+
+// One Layer per weights file and options, shared by every test that uses it, as a server would.
+absl::StatusOr<std::shared_ptr<const Layer>> LayerFor(const GoldenCase& c) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const Layer>> layers;
+  std::lock_guard<std::mutex> lock(mutex);
+  const std::string key = c.weights_path + "|" + c.load_options.prefix;
+  if (auto it = layers.find(key); it != layers.end()) return it->second;
+  absl::StatusOr<LayerWeights> weights = LoadLayerWeights(c.weights_path, c.load_options);
+  if (!weights.ok()) return weights.status();
+  absl::StatusOr<std::shared_ptr<const Layer>> layer = Layer::Create(*std::move(weights));
+  if (layer.ok()) layers[key] = *layer;
+  return layer;
+}
+
+RaggedBatch PaddedView(const GoldenBatch& batch) {
+  return RaggedBatch{batch.values.data(), batch.width, batch.lengths, batch.seq_len};
+}
+
+RaggedBatch PackedView(const GoldenBatch& batch, const std::vector<float>& packed) {
+  return RaggedBatch{packed.data(), batch.width, batch.lengths, RaggedBatch::kPacked};
+}
+
+// What one Forward call produced.
+struct Result {
+  absl::Status status;
+  std::vector<float> output;
+  std::vector<float> attention;
+};
+
+Result RunForward(const Layer& layer, const ForwardArgs& args) {
+  Result result;
+  result.status = layer.Validate(args);
+  if (!result.status.ok()) return result;
+  const ForwardShapes shapes = layer.Shapes(args);
+  // Filled with NaN so a row Forward forgets to write cannot pass as 0.
+  result.output.assign(shapes.output_size(), std::nanf(""));
+  result.attention.assign(shapes.attention_size(), std::nanf(""));
+  result.status = layer.Forward(args, result.output, result.attention);
+  return result;
+}
+
+ForwardArgs PaddedArgs(const GoldenCase& c, bool return_attention) {
+  ForwardArgs args;
+  args.kind = c.kind;
+  args.input = PaddedView(c.input);
+  if (c.context) args.context = PaddedView(*c.context);
+  args.return_attention = return_attention;
+  return args;
+}
+
+// |actual - expected| <= tolerance everywhere (NaN fails), reporting the worst entry.
+testing::AssertionResult AllNear(const float* actual, const float* expected, int64_t size,
+                                 float tolerance, const std::string& what) {
+  double worst = 0.0;
+  int64_t worst_at = -1;
+  for (int64_t i = 0; i < size; ++i) {
+    double diff = std::fabs(static_cast<double>(actual[i]) - expected[i]);
+    if (std::isnan(diff)) diff = INFINITY;
+    if (worst_at < 0 || diff > worst) {
+      worst = diff;
+      worst_at = i;
+    }
+  }
+  if (worst_at < 0 || worst <= tolerance) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << what << ": max |diff| " << worst << " at flat index "
+                                     << worst_at << " (got " << actual[worst_at] << ", expected "
+                                     << expected[worst_at] << ")";
+}
+
+// Checks the stored output rows of `c` against a padded output.
+testing::AssertionResult OutputMatches(const GoldenCase& c, const std::vector<float>& output) {
+  std::vector<float> selected;
+  for (int64_t row : c.output_rows) {
+    const float* first = output.data() + row * c.d_output;
+    selected.insert(selected.end(), first, first + c.d_output);
+  }
+  return AllNear(selected.data(), c.expected_output.data(),
+                 static_cast<int64_t>(selected.size()), kTolerance, "output");
+}
+
+std::string TestName(const testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch); }, '_');
+  return name;
+}
+
+std::vector<std::string> CaseNames() {
+  std::vector<std::string> names;
+  for (const GoldenCase& c : Cases()) names.push_back(c.name);
+  return names;
+}
+
+class GoldenTest : public testing::TestWithParam<std::string> {};
+
+TEST(GoldenFixturesTest, LoadAndCoverEveryLayoutAndKind) {
+  ASSERT_GE(Cases().size(), 40u);
+  std::map<std::string, int> per_kind;
+  for (const GoldenCase& c : Cases()) ++per_kind[std::string(KindName(c.kind))];
+  EXPECT_EQ(per_kind.size(), 4u);
+}
+
+TEST_P(GoldenTest, MatchesPyTorch) {
+  const GoldenCase& c = CaseNamed(GetParam());
+  absl::StatusOr<std::shared_ptr<const Layer>> layer = LayerFor(c);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_EQ((*layer)->spec().num_heads, c.num_heads);
+  EXPECT_EQ((*layer)->spec().d_output(), c.d_output);
+  const Result result = RunForward(**layer, PaddedArgs(c, c.has_probabilities()));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_TRUE(OutputMatches(c, result.output));
+  if (!c.has_probabilities()) return;
+  ASSERT_EQ(result.attention.size(), c.expected_probabilities.size());
+  EXPECT_TRUE(AllNear(result.attention.data(), c.expected_probabilities.data(),
+                      static_cast<int64_t>(result.attention.size()), kTolerance, "probabilities"));
+}
+
+TEST_P(GoldenTest, PaddedAndPackedGiveIdenticalResults) {
+  const GoldenCase& c = CaseNamed(GetParam());
+  absl::StatusOr<std::shared_ptr<const Layer>> layer = LayerFor(c);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  const Result padded = RunForward(**layer, PaddedArgs(c, c.has_probabilities()));
+  ASSERT_TRUE(padded.status.ok()) << padded.status;
+
+  const std::vector<float> input = c.input.Packed();
+  const std::vector<float> context = c.context ? c.context->Packed() : std::vector<float>();
+  ForwardArgs args = PaddedArgs(c, c.has_probabilities());
+  args.input = PackedView(c.input, input);
+  if (c.context) args.context = PackedView(*c.context, context);
+  const Result packed = RunForward(**layer, args);
+  ASSERT_TRUE(packed.status.ok()) << packed.status;
+
+  // The packed output's rows are the padded output's valid rows, back to back.
+  int64_t packed_row = 0;
+  for (int64_t b = 0; b < c.input.batch; ++b) {
+    for (int64_t t = 0; t < c.input.lengths[b]; ++t, ++packed_row) {
+      const float* want = &padded.output[(b * c.input.seq_len + t) * c.d_output];
+      const float* got = &packed.output[packed_row * c.d_output];
+      ASSERT_TRUE(std::equal(got, got + c.d_output, want)) << "sequence " << b << " row " << t;
+    }
+  }
+  // The small cases' padded length is the longest sequence, so both have the same shape.
+  if (c.has_probabilities()) {
+    EXPECT_EQ(packed.attention, padded.attention);
+  }
+}
+
+// A row of the batch depends on its own sequence only: nothing leaks across sequences.
+TEST_P(GoldenTest, BatchGivesTheSameRowsAsEachSequenceAlone) {
+  const GoldenCase& c = CaseNamed(GetParam());
+  if (c.input.seq_len > 1024) GTEST_SKIP() << "the long case has a single sequence";
+  absl::StatusOr<std::shared_ptr<const Layer>> layer = LayerFor(c);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  const Result batch = RunForward(**layer, PaddedArgs(c, false));
+  ASSERT_TRUE(batch.status.ok()) << batch.status;
+  for (int64_t b = 0; b < c.input.batch; ++b) {
+    GoldenBatch one = c.input;
+    one.lengths = {c.input.lengths[b]};
+    const int64_t row_size = c.input.seq_len * c.input.width;
+    one.values.assign(c.input.values.begin() + b * row_size,
+                      c.input.values.begin() + (b + 1) * row_size);
+    std::optional<GoldenBatch> context_one = c.context;
+    if (c.context) {
+      const int64_t ctx_size = c.context->seq_len * c.context->width;
+      context_one->lengths = {c.context->lengths[b]};
+      context_one->values.assign(c.context->values.begin() + b * ctx_size,
+                                 c.context->values.begin() + (b + 1) * ctx_size);
+    }
+    ForwardArgs args = PaddedArgs(c, false);
+    args.input = PaddedView(one);
+    if (context_one) args.context = PaddedView(*context_one);
+    const Result alone = RunForward(**layer, args);
+    ASSERT_TRUE(alone.status.ok()) << alone.status;
+    const int64_t out_size = c.input.seq_len * c.d_output;
+    EXPECT_TRUE(AllNear(alone.output.data(), batch.output.data() + b * out_size, out_size, 1e-5f,
+                        "sequence " + std::to_string(b) + " alone vs in the batch"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, testing::ValuesIn(CaseNames()), TestName);
+
+// Several threads call Forward on one shared Layer, each checking its own kind against PyTorch:
+// the Layer is immutable, so concurrent calls must not disturb each other.
+TEST(GoldenConcurrencyTest, ThreadsShareOneLayer) {
+  const std::vector<std::string> names = {"torch_mha/bidirectional", "torch_mha/causal",
+                                          "torch_mha/cross", "torch_mha/causal_cross"};
+  absl::StatusOr<std::shared_ptr<const Layer>> layer = LayerFor(CaseNamed(names[0]));
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  std::vector<int> failures(names.size() * 2, 0);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < failures.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const GoldenCase& c = CaseNamed(names[i % names.size()]);
+      for (int repeat = 0; repeat < 20; ++repeat) {
+        const Result result = RunForward(**layer, PaddedArgs(c, true));
+        if (!result.status.ok() || !OutputMatches(c, result.output) ||
+            !AllNear(result.attention.data(), c.expected_probabilities.data(),
+                     static_cast<int64_t>(c.expected_probabilities.size()), kTolerance, "")) {
+          ++failures[i];
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < failures.size(); ++i) {
+    EXPECT_EQ(failures[i], 0) << "thread " << i << " (" << names[i % names.size()] << ")";
+  }
+}
+
+}  // namespace
+}  // namespace attnserve::core
