@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""Calls attnserve from Python: padded, packed and cross attention, numpy in and out.
+
+Needs Debian's python3-grpcio and python3-numpy (run it with /usr/bin/python3) and the stubs
+that the CMake build generates into build/python:
+
+    /usr/bin/python3 client/python/example.py --target localhost:50051
+
+The stub directory comes from --stubs, else $ATTNSERVE_PY_STUBS, else ../../build/python
+relative to this file.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+
+def load_stubs(stubs_dir):
+    """Imports the generated attention_pb2 modules from stubs_dir."""
+    sys.path.insert(0, stubs_dir)
+    try:
+        from attnserve.v1 import attention_pb2, attention_pb2_grpc
+    except ImportError as e:
+        sys.exit(f"cannot import the generated stubs from {stubs_dir} ({e}): build the project "
+                 "first (deploy/build.sh) or pass --stubs DIR")
+    return attention_pb2, attention_pb2_grpc
+
+
+def to_tensor(pb, array):
+    """numpy -> Tensor, as little-endian float32 bytes (the fast encoding)."""
+    array = np.ascontiguousarray(array, dtype="<f4")
+    return pb.Tensor(shape=array.shape, raw=array.tobytes())
+
+
+def from_tensor(tensor):
+    """Tensor -> numpy; the server answers in the encoding the request used."""
+    if tensor.raw:
+        return np.frombuffer(tensor.raw, dtype="<f4").reshape(tuple(tensor.shape))
+    return np.array(tensor.values, dtype=np.float32).reshape(tuple(tensor.shape))
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="localhost:50051")
+    parser.add_argument("--model", default="", help="model name (default: the first one)")
+    parser.add_argument("--stubs", default=os.environ.get(
+        "ATTNSERVE_PY_STUBS", os.path.join(here, "..", "..", "build", "python")))
+    args = parser.parse_args()
+
+    import grpc
+    pb, pb_grpc = load_stubs(args.stubs)
+    channel = grpc.insecure_channel(args.target, options=[
+        ("grpc.max_receive_message_length", 256 << 20)])
+    stub = pb_grpc.AttentionServiceStub(channel)
+
+    # Which model, and its widths.
+    models = stub.ListModels(pb.ListModelsRequest(), timeout=30).models
+    model = next((m for m in models if m.name == args.model or not args.model), None)
+    if model is None:
+        sys.exit(f"no model {args.model!r}; the server has {[m.name for m in models]}")
+    print(f"model {model.name}: d_model {model.d_model}, {model.num_heads} heads, {model.layout}")
+    rng = np.random.default_rng(0)
+    lengths = [6, 2, 4]
+    x = rng.standard_normal((3, 6, model.d_model), dtype=np.float32)
+
+    # 1. Padded: [B, S, d] with lengths; rows past a length are padding (masked, output 0).
+    if pb.ATTENTION_KIND_CAUSAL in model.kinds:
+        padded = from_tensor(stub.Forward(pb.ForwardRequest(
+            model=model.name, kind=pb.ATTENTION_KIND_CAUSAL, input=to_tensor(pb, x),
+            lengths=lengths), timeout=30).output)
+        print("padded causal output", padded.shape)
+        assert not padded[1, 2:].any(), "padded rows of the output are zero"
+
+        # 2. Packed: the same sequences back to back, [sum(lengths), d], no padding on the wire.
+        x_packed = np.concatenate([x[b, :n] for b, n in enumerate(lengths)])
+        packed = from_tensor(stub.Forward(pb.ForwardRequest(
+            model=model.name, kind=pb.ATTENTION_KIND_CAUSAL, input=to_tensor(pb, x_packed),
+            lengths=lengths), timeout=30).output)
+        print("packed causal output", packed.shape)
+        padded_valid = np.concatenate([padded[b, :n] for b, n in enumerate(lengths)])
+        assert np.allclose(padded_valid, packed, atol=1e-5), "padded and packed calls agree"
+
+    # 3. Cross: queries from x, keys and values from a context; a context of length 0 is fine.
+    context = rng.standard_normal((3, 9, model.d_context), dtype=np.float32)
+    reply = stub.Forward(pb.ForwardRequest(
+        model=model.name, kind=pb.ATTENTION_KIND_CROSS, input=to_tensor(pb, x), lengths=lengths,
+        context=to_tensor(pb, context), context_lengths=[9, 5, 0], return_attention=True),
+        timeout=30)
+    output, attention = from_tensor(reply.output), from_tensor(reply.attention)
+    print("cross output", output.shape, "attention", attention.shape)
+    assert np.allclose(attention[1, :, :2].sum(-1), 1, atol=1e-5), "valid rows sum to 1"
+    assert not attention[1, :, :, 5:].any(), "keys past the context length get nothing"
+    assert not attention[2].any(), "an empty context is attended by nobody"
+
+    # Errors come back as gRPC status codes.
+    try:
+        stub.Forward(pb.ForwardRequest(model="no-such-model", kind=pb.ATTENTION_KIND_CAUSAL,
+                                       input=to_tensor(pb, x)), timeout=30)
+        raise AssertionError("an unknown model must fail")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e
+        print("unknown model ->", e.code().name)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

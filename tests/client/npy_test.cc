@@ -1,0 +1,180 @@
+// .npy reading and writing, and the array helpers of the client library: no server needed.
+#include <cstring>
+#include <fstream>
+
+#include "client/npy.h"
+#include "client/packing.h"
+#include "client/wire.h"
+#include "gtest/gtest.h"
+#include "tests/client/process.h"
+
+namespace attnserve::client {
+namespace {
+
+// A .npy file byte for byte as numpy 1.24 writes np.arange(6, dtype='<f4').reshape(2, 3).
+std::string NumpyWritten(const std::string& descr = "<f4", const std::string& fortran = "False",
+                         const std::string& shape = "(2, 3)") {
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': " + fortran +
+                     ", 'shape': " + shape + ", }";
+  dict.append(64 - (10 + dict.size() + 1) % 64, ' ');
+  dict.push_back('\n');
+  std::string bytes = "\x93NUMPY";
+  bytes += '\x01';
+  bytes += '\x00';
+  bytes += static_cast<char>(dict.size() & 0xff);
+  bytes += static_cast<char>(dict.size() >> 8);
+  bytes += dict;
+  for (int i = 0; i < 6; ++i) {
+    const float value = static_cast<float>(i);
+    bytes.append(reinterpret_cast<const char*>(&value), sizeof(value));
+  }
+  return bytes;
+}
+
+TEST(NpyTest, ReadsWhatNumpyWrites) {
+  absl::StatusOr<FloatArray> array = ParseNpy(NumpyWritten());
+  ASSERT_TRUE(array.ok()) << array.status();
+  EXPECT_EQ(array->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(array->values, (std::vector<float>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST(NpyTest, RoundTripsEveryRank) {
+  const std::vector<std::vector<int64_t>> shapes = {{}, {7}, {2, 3}, {2, 5, 4}, {1, 2, 3, 4}, {0, 4}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    FloatArray array{.shape = shape, .values = {}};
+    for (int64_t i = 0; i < array.ElementCount(); ++i) array.values.push_back(0.5f * i - 3);
+    absl::StatusOr<std::string> bytes = SerializeNpy(array);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    // numpy aligns the data on 64 bytes; so do we, so that memory-mapping readers are happy.
+    const size_t header_len = static_cast<uint8_t>((*bytes)[8]) | static_cast<uint8_t>((*bytes)[9]) << 8;
+    EXPECT_EQ((10 + header_len) % 64, 0u);
+    absl::StatusOr<FloatArray> back = ParseNpy(*bytes);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->shape, shape);
+    EXPECT_EQ(back->values, array.values);
+  }
+}
+
+TEST(NpyTest, WritesNumpysHeaderForOneDimension) {
+  absl::StatusOr<std::string> bytes = SerializeNpy({.shape = {7}, .values = std::vector<float>(7)});
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_NE(bytes->find("'shape': (7,), }"), std::string::npos) << *bytes;
+}
+
+TEST(NpyTest, ReadsFormatVersionTwo) {
+  std::string v1 = NumpyWritten();
+  const uint16_t header_len = static_cast<uint8_t>(v1[8]) | static_cast<uint8_t>(v1[9]) << 8;
+  std::string v2 = v1.substr(0, 6) + std::string("\x02\x00", 2);
+  const uint32_t len32 = header_len;
+  v2.append(reinterpret_cast<const char*>(&len32), 4);
+  v2 += v1.substr(10);
+  absl::StatusOr<FloatArray> array = ParseNpy(v2);
+  ASSERT_TRUE(array.ok()) << array.status();
+  EXPECT_EQ(array->values[5], 5.0f);
+}
+
+TEST(NpyTest, RefusesOtherDtypesNamingThem) {
+  for (const std::string descr : {"<f8", ">f4", "<i4", "<f2"}) {
+    absl::StatusOr<FloatArray> array = ParseNpy(NumpyWritten(descr));
+    ASSERT_EQ(array.status().code(), absl::StatusCode::kInvalidArgument) << descr;
+    EXPECT_NE(array.status().message().find(descr), absl::string_view::npos);
+  }
+}
+
+TEST(NpyTest, RefusesFortranOrder) {
+  EXPECT_EQ(ParseNpy(NumpyWritten("<f4", "True")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NpyTest, RefusesBrokenFiles) {
+  const std::string good = NumpyWritten();
+  EXPECT_FALSE(ParseNpy("").ok());
+  EXPECT_FALSE(ParseNpy("PK\x03\x04 not an npy file").ok());
+  EXPECT_FALSE(ParseNpy(good.substr(0, good.size() - 1)).ok());  // truncated data
+  EXPECT_FALSE(ParseNpy(good + "xxxx").ok());                     // trailing data
+  EXPECT_FALSE(ParseNpy(good.substr(0, 40)).ok());                // truncated header
+  EXPECT_FALSE(ParseNpy(NumpyWritten("<f4", "False", "(2, -3)")).ok());
+  EXPECT_FALSE(ParseNpy(NumpyWritten("<f4", "False", "[2, 3]")).ok());
+}
+
+TEST(NpyTest, FileErrorsAreStatuses) {
+  EXPECT_EQ(ReadNpy("/nonexistent/x.npy").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(WriteNpy("/nonexistent/dir/x.npy", {.shape = {1}, .values = {1}}).ok());
+  EXPECT_EQ(WriteNpy(test::MakeTempDir() + "/x.npy", {.shape = {2}, .values = {1}}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NpyTest, FileRoundTrip) {
+  const std::string path = test::MakeTempDir() + "/a.npy";
+  FloatArray array{.shape = {2, 2}, .values = {1.5f, -2, 1e-30f, 3e30f}};
+  ASSERT_TRUE(WriteNpy(path, array).ok());
+  absl::StatusOr<FloatArray> back = ReadNpy(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->values, array.values);
+}
+
+TEST(PackingTest, PackThenUnpackRestoresValidRowsAndZeroesPadding) {
+  FloatArray padded{.shape = {2, 3, 2}, .values = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}};
+  absl::StatusOr<FloatArray> packed = Pack(padded, {3, 1});
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_EQ(packed->shape, (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(packed->values, (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  absl::StatusOr<FloatArray> back = Unpack(*packed, {3, 1}, 3);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->values, (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0}));
+}
+
+TEST(PackingTest, RefusesLengthsThatDoNotFit) {
+  FloatArray padded{.shape = {2, 3, 1}, .values = std::vector<float>(6)};
+  EXPECT_FALSE(Pack(padded, {4, 1}).ok());
+  EXPECT_FALSE(Pack(padded, {1}).ok());
+  EXPECT_FALSE(Unpack({.shape = {3, 1}, .values = std::vector<float>(3)}, {1, 1}, 3).ok());
+}
+
+TEST(PackingTest, ParsesIntLists) {
+  EXPECT_EQ(*ParseIntList("3,5,0"), (std::vector<int32_t>{3, 5, 0}));
+  EXPECT_TRUE(ParseIntList("")->empty());
+  EXPECT_FALSE(ParseIntList("3,x").ok());
+  EXPECT_FALSE(ParseIntList("3,,4").ok());
+}
+
+TEST(WireTest, BothEncodingsCarryTheSameArray) {
+  FloatArray array{.shape = {1, 2, 2}, .values = {0.25f, -1, 3, 4}};
+  for (Encoding encoding : {Encoding::kRaw, Encoding::kValues}) {
+    v1::Tensor tensor;
+    ASSERT_TRUE(EncodeTensor(array, encoding, &tensor).ok());
+    EXPECT_EQ(tensor.raw().empty(), encoding == Encoding::kValues);
+    absl::StatusOr<FloatArray> back = DecodeTensor(tensor);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->shape, array.shape);
+    EXPECT_EQ(back->values, array.values);
+  }
+}
+
+TEST(WireTest, RefusesTensorsWhoseDataDisagreesWithTheShape) {
+  v1::Tensor tensor;
+  tensor.add_shape(3);
+  tensor.add_values(1);
+  EXPECT_EQ(DecodeTensor(tensor).status().code(), absl::StatusCode::kInvalidArgument);
+  tensor.clear_values();
+  tensor.set_raw("abc");
+  EXPECT_EQ(DecodeTensor(tensor).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, KindNamesRoundTrip) {
+  for (const char* name : {"bidirectional", "causal", "cross", "causal-cross"}) {
+    absl::StatusOr<v1::AttentionKind> kind = ParseKind(name);
+    ASSERT_TRUE(kind.ok());
+    EXPECT_EQ(KindFlagName(*kind), name);
+  }
+  EXPECT_FALSE(ParseKind("encoder").ok());
+}
+
+TEST(WireTest, GrpcCodesKeepTheirNumbers) {
+  absl::Status status = FromGrpcStatus(grpc::Status(grpc::StatusCode::NOT_FOUND, "no model"));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(status.message(), "no model");
+}
+
+}  // namespace
+}  // namespace attnserve::client

@@ -1,0 +1,82 @@
+#!/usr/bin/python3
+"""ctest driver: runs client/python/example.py against a real attnserve, then checks that
+attnserve-client's .npy files and a Python gRPC call agree on the same data (numpy writes the
+input file, numpy reads the output file). Ends the server with SIGTERM and expects a clean exit.
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def start_server(server, workdir):
+    """Starts attnserve on a free loopback port; returns (process, "127.0.0.1:PORT")."""
+    port_file = os.path.join(workdir, "port")
+    log = open(os.path.join(workdir, "server.log"), "w")
+    proc = subprocess.Popen([server, "--listen", "127.0.0.1:0", "--port-file", port_file,
+                             "--threads", "2"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"attnserve exited at start:\n{open(log.name).read()}")
+        if os.path.exists(port_file) and open(port_file).read().strip():
+            return proc, "127.0.0.1:" + open(port_file).read().strip()
+        time.sleep(0.05)
+    proc.kill()
+    sys.exit("attnserve wrote no port in 60 s")
+
+
+def check_cli_files_match_python(args, target, workdir):
+    """attnserve-client infer on a numpy-written file == the same call from Python."""
+    sys.path.insert(0, os.path.dirname(args.example))
+    import example  # the helpers of the example itself
+    import grpc
+    pb, pb_grpc = example.load_stubs(args.stubs)
+    x = np.random.default_rng(3).standard_normal((2, 5, 256)).astype(np.float32)
+    in_path, out_path = os.path.join(workdir, "in.npy"), os.path.join(workdir, "out.npy")
+    np.save(in_path, x)
+    run = subprocess.run([args.client, "--target", target, "infer", "--kind", "causal",
+                          "--input", in_path, "--lengths", "5,3", "--output", out_path],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    from_cli = np.load(out_path)
+    stub = pb_grpc.AttentionServiceStub(grpc.insecure_channel(target))
+    from_python = example.from_tensor(stub.Forward(pb.ForwardRequest(
+        kind=pb.ATTENTION_KIND_CAUSAL, input=example.to_tensor(pb, x), lengths=[5, 3]),
+        timeout=30).output)
+    assert from_cli.dtype == np.float32 and from_cli.shape == (2, 5, 256), from_cli.shape
+    assert np.allclose(from_cli, from_python, atol=1e-6), abs(from_cli - from_python).max()
+    print("attnserve-client .npy output == Python call")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    for flag in ("--server", "--client", "--stubs", "--example"):
+        parser.add_argument(flag, required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as workdir:
+        proc, target = start_server(args.server, workdir)
+        try:
+            run = subprocess.run([sys.executable, args.example, "--target", target,
+                                  "--stubs", args.stubs], timeout=120)
+            assert run.returncode == 0, f"example.py exited {run.returncode}"
+            check_cli_files_match_python(args, target, workdir)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = "killed"
+            print(open(os.path.join(workdir, "server.log")).read()[-2000:])
+        assert code == 0, f"attnserve exited {code} on SIGTERM"
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
