@@ -20,7 +20,7 @@ void AppendU16(std::string& out, uint16_t bits) {
 }
 
 std::string Encode(const TensorToWrite& t) {
-  if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16") return t.raw;
+  if (!t.raw.empty() || (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16")) return t.raw;
   std::string out;
   for (float v : t.values) {
     if (t.dtype == "F32") {
@@ -34,6 +34,20 @@ std::string Encode(const TensorToWrite& t) {
 }
 
 }  // namespace
+
+TensorToWrite PatternTensor(const std::string& name, const std::vector<int64_t>& shape, int seed,
+                            const std::string& dtype) {
+  TensorToWrite t;
+  t.name = name;
+  t.shape = shape;
+  t.dtype = dtype;
+  int64_t size = 1;
+  for (int64_t d : shape) size *= d;
+  for (int64_t i = 0; i < size; ++i) {
+    t.values.push_back(static_cast<float>(std::sin(0.37 * static_cast<double>(i) + seed)) * 0.25f);
+  }
+  return t;
+}
 
 SafetensorsParts MakeSafetensors(const std::vector<TensorToWrite>& tensors,
                                  const std::map<std::string, std::string>& metadata) {

@@ -11,7 +11,8 @@
 namespace attnserve::test {
 
 // One tensor to write: values are given in f32 and stored as `dtype` ("F32", "F16", "BF16",
-// rounded to nearest even), or, for any other dtype, `raw` bytes are stored as they are.
+// rounded to nearest even); when `raw` is not empty (always, for other dtypes) its bytes are
+// stored as they are.
 struct TensorToWrite {
   std::string name;
   std::vector<int64_t> shape;
@@ -19,6 +20,10 @@ struct TensorToWrite {
   std::string dtype = "F32";
   std::string raw;
 };
+
+// An F32 tensor of `shape` whose values are a simple deterministic pattern (distinct per `seed`).
+TensorToWrite PatternTensor(const std::string& name, const std::vector<int64_t>& shape,
+                            int seed = 0, const std::string& dtype = "F32");
 
 // The pieces of a file, so a test can corrupt exactly one of them.
 struct SafetensorsParts {

@@ -1,5 +1,12 @@
-// Tests of the safetensors reader: every dtype it converts, and every refusal.
+// Tests of the safetensors reader: every dtype it converts, and every refusal. The bad files are
+// built here, in a temp dir, by corrupting one piece of a good one.
 #include "core/safetensors.h"
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "tests/common/safetensors_writer.h"
@@ -9,19 +16,262 @@ namespace {
 
 using test::MakeSafetensors;
 using test::MakeTempDir;
+using test::SafetensorsParts;
 using test::TensorToWrite;
+using test::WriteBytes;
 using test::WriteSafetensorsFile;
 
-TEST(SafetensorsTest, ReadsF32TensorsAndMetadata) {
-  const std::string path = MakeTempDir("st") + "/ok.safetensors";
-  WriteSafetensorsFile(path, MakeSafetensors({{"a", {2, 2}, {1, 2, 3, 4}}, {"b", {1}, {-5}}},
-                                             {{"num_heads", "3"}}));
-  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
+TensorToWrite F32(const std::string& name, std::vector<int64_t> shape, std::vector<float> values) {
+  TensorToWrite t;
+  t.name = name;
+  t.shape = std::move(shape);
+  t.values = std::move(values);
+  return t;
+}
+
+// A tensor whose bytes are given exactly (to test conversions independently of our writer).
+TensorToWrite Raw(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+                  const std::vector<uint16_t>& bits) {
+  TensorToWrite t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  for (uint16_t b : bits) {
+    t.raw.push_back(static_cast<char>(b & 0xff));
+    t.raw.push_back(static_cast<char>(b >> 8));
+  }
+  return t;
+}
+
+class SafetensorsTest : public testing::Test {
+ protected:
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+
+  // Writes `parts` (with an honest or a given header length) and reads it back.
+  absl::StatusOr<SafetensorsFile> WriteAndRead(const SafetensorsParts& parts,
+                                               int64_t header_length = -1) {
+    const std::string path = Path("file.safetensors");
+    WriteSafetensorsFile(path, parts, header_length);
+    return ReadSafetensors(path);
+  }
+
+  // A header given as text over `data_bytes` zero bytes of data.
+  absl::StatusOr<SafetensorsFile> ReadHeader(const std::string& header, size_t data_bytes = 8) {
+    return WriteAndRead({header, std::string(data_bytes, '\0')});
+  }
+
+  const std::string dir_ = MakeTempDir("safetensors");
+};
+
+TEST_F(SafetensorsTest, ReadsF32TensorsAndMetadata) {
+  auto file = WriteAndRead(MakeSafetensors({F32("a", {2, 2}, {1, 2, 3, 4}), F32("b", {1}, {-5})},
+                                           {{"num_heads", "3"}}));
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->metadata.at("num_heads"), "3");
+  EXPECT_EQ(file->tensors.at("a").dtype, "F32");
   EXPECT_EQ(file->tensors.at("a").shape, (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(file->tensors.at("a").values, (std::vector<float>{1, 2, 3, 4}));
   EXPECT_EQ(file->tensors.at("b").values, (std::vector<float>{-5}));
+}
+
+TEST_F(SafetensorsTest, ReadsEmptyAndZeroSizedTensors) {
+  auto file = WriteAndRead(MakeSafetensors({F32("empty", {0, 3}, {}), F32("s", {}, {7})}));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(file->tensors.at("empty").values.empty());
+  EXPECT_EQ(file->tensors.at("s").values, (std::vector<float>{7}));
+}
+
+TEST_F(SafetensorsTest, ConvertsF16IncludingSubnormalsAndSpecials) {
+  // Bit patterns and their exact values, from IEEE 754 binary16.
+  const std::vector<uint16_t> bits = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x0400, 0x03ff,
+                                      0x3555, 0x8000, 0x7c00, 0xfc00, 0x7e00};
+  const std::vector<float> want = {1.0f, -2.0f, 65504.0f, 0x1.0p-24f, 0x1.0p-14f,
+                                   0x1.ff8p-15f, 0.333251953125f, -0.0f, INFINITY, -INFINITY};
+  auto file = WriteAndRead(MakeSafetensors({Raw("h", "F16", {11}, bits)}));
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::vector<float>& got = file->tensors.at("h").values;
+  ASSERT_EQ(got.size(), bits.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "bits " << bits[i];
+  EXPECT_TRUE(std::signbit(got[7]));
+  EXPECT_TRUE(std::isnan(got[10]));
+}
+
+TEST_F(SafetensorsTest, ConvertsBF16) {
+  const std::vector<uint16_t> bits = {0x3f80, 0x4049, 0xc2f7, 0x0001, 0x7f80};
+  const std::vector<float> want = {1.0f, 3.140625f, -123.5f, 0x1.0p-133f, INFINITY};
+  auto file = WriteAndRead(MakeSafetensors({Raw("b", "BF16", {5}, bits)}));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->tensors.at("b").values, want);
+}
+
+// Every f16 value survives f16 -> f32 (reader) -> f16 (test writer): the two conversions agree.
+TEST_F(SafetensorsTest, F16ConversionRoundTripsEveryFiniteValue) {
+  std::vector<uint16_t> bits;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    if ((b & 0x7c00) != 0x7c00) bits.push_back(static_cast<uint16_t>(b));
+  }
+  auto file = WriteAndRead(MakeSafetensors(
+      {Raw("all", "F16", {static_cast<int64_t>(bits.size())}, bits)}));
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::vector<float>& values = file->tensors.at("all").values;
+  for (size_t i = 0; i < bits.size(); ++i) {
+    ASSERT_EQ(test::FloatToHalf(values[i]), bits[i]) << "bits " << bits[i];
+  }
+}
+
+TEST_F(SafetensorsTest, MissingFileIsNotFound) {
+  EXPECT_EQ(ReadSafetensors(Path("absent.safetensors")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(SafetensorsTest, RefusesShortFiles) {
+  for (size_t size : {0, 1, 7}) {
+    WriteBytes(Path("short"), std::string(size, '\x01'));
+    EXPECT_EQ(ReadSafetensors(Path("short")).status().code(), absl::StatusCode::kInvalidArgument)
+        << size << " bytes";
+  }
+}
+
+TEST_F(SafetensorsTest, RefusesAHeaderLengthPastTheEnd) {
+  const SafetensorsParts parts = MakeSafetensors({F32("a", {1}, {1})});
+  const int64_t real = static_cast<int64_t>(parts.header.size());
+  for (int64_t length : {real + static_cast<int64_t>(parts.data.size()) + 1,
+                         std::numeric_limits<int64_t>::max(), int64_t{1} << 40}) {
+    EXPECT_EQ(WriteAndRead(parts, length).status().code(), absl::StatusCode::kInvalidArgument)
+        << "declared header length " << length;
+  }
+}
+
+TEST_F(SafetensorsTest, RefusesALengthThatCutsTheHeader) {
+  const SafetensorsParts parts = MakeSafetensors({F32("a", {1}, {1})});
+  EXPECT_EQ(WriteAndRead(parts, static_cast<int64_t>(parts.header.size()) - 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SafetensorsTest, RefusesBadJson) {
+  for (const char* header : {"", "{", "not json", "{\"a\": }", "[1, 2]", "\"text\"", "null"}) {
+    EXPECT_EQ(ReadHeader(header).status().code(), absl::StatusCode::kInvalidArgument) << header;
+  }
+}
+
+TEST_F(SafetensorsTest, RefusesMalformedEntries) {
+  for (const char* header : {
+           R"({"a": 1})",
+           R"({"a": {"shape": [2], "data_offsets": [0, 8]}})",
+           R"({"a": {"dtype": "F32", "data_offsets": [0, 8]}})",
+           R"({"a": {"dtype": "F32", "shape": [2]}})",
+           R"({"a": {"dtype": 5, "shape": [2], "data_offsets": [0, 8]}})",
+           R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})",
+           R"({"a": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",
+           R"({"a": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}})",
+           R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})",
+           R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})",
+           R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}})",
+           R"({"__metadata__": {"num_heads": 4}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+           R"({"__metadata__": [], "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+       }) {
+    EXPECT_EQ(ReadHeader(header).status().code(), absl::StatusCode::kInvalidArgument) << header;
+  }
+}
+
+TEST_F(SafetensorsTest, RefusesOffsetsOutOfRangeOverlappingOrNotCovering) {
+  for (const char* header : {
+           // past the end of the 8 data bytes
+           R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}})",
+           // overlapping
+           R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+               "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+           // a gap at the start, and trailing bytes
+           R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+           R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+           // no tensors at all over 8 bytes of data
+           R"({})",
+       }) {
+    EXPECT_EQ(ReadHeader(header).status().code(), absl::StatusCode::kInvalidArgument) << header;
+  }
+}
+
+TEST_F(SafetensorsTest, RefusesShapesThatDoNotMatchTheByteSize) {
+  EXPECT_EQ(ReadHeader(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // A shape whose byte size overflows 64 bits must not wrap around to a small number.
+  EXPECT_EQ(ReadHeader(R"({"a": {"dtype": "F32", "shape": [4611686018427387904, 4611686018427387904, 4],
+                             "data_offsets": [0, 0]}})", 0)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadHeader(R"({"a": {"dtype": "F32", "shape": [18446744073709551615],
+                             "data_offsets": [0, 8]}})")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SafetensorsTest, RefusesUnsupportedAndUnknownDtypes) {
+  for (const char* header : {
+           R"({"a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})",
+           R"({"a": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]}})",
+           R"({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}})",
+           R"({"a": {"dtype": "Q7", "shape": [8], "data_offsets": [0, 8]}})",
+       }) {
+    absl::StatusOr<SafetensorsFile> file = ReadHeader(header);
+    EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument) << header;
+    EXPECT_NE(file.status().message().find("'a'"), std::string::npos) << file.status();
+  }
+}
+
+// The filtered read skips what it was not asked for, whatever its dtype, but still checks the
+// file's layout as a whole.
+TEST_F(SafetensorsTest, FilteredReadIgnoresUnwantedTensors) {
+  TensorToWrite ids;
+  ids.name = "position_ids";
+  ids.dtype = "I64";
+  ids.shape = {2};
+  ids.raw = std::string(16, '\0');
+  const std::string path = Path("filtered.safetensors");
+  WriteSafetensorsFile(path, MakeSafetensors({ids, F32("layer.w", {2}, {1, 2})}));
+  EXPECT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kInvalidArgument);
+  auto file = ReadSafetensors(path, [](std::string_view name) { return name.starts_with("layer."); });
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->tensors.size(), 1u);
+  EXPECT_EQ(file->tensors.at("layer.w").values, (std::vector<float>{1, 2}));
+}
+
+TEST_F(SafetensorsTest, MessagesNameTheFileAndTheTensor) {
+  absl::StatusOr<SafetensorsFile> file =
+      ReadHeader(R"({"weird_tensor": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})");
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find(Path("file.safetensors")), std::string::npos);
+  EXPECT_NE(file.status().message().find("weird_tensor"), std::string::npos);
+}
+
+// Every truncation of a good file and every single-byte change of its header is answered with
+// a status (mostly a refusal), never a crash or an exception.
+TEST_F(SafetensorsTest, SurvivesTruncationAndHeaderCorruption) {
+  const SafetensorsParts parts = MakeSafetensors(
+      {F32("a", {2, 2}, {1, 2, 3, 4}), Raw("b", "F16", {2}, {0x3c00, 0x4000})}, {{"k", "v"}});
+  std::string bytes;
+  {
+    const std::string path = Path("good");
+    WriteSafetensorsFile(path, parts);
+    ASSERT_TRUE(ReadSafetensors(path).ok());
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  for (size_t size = 0; size < bytes.size(); ++size) {
+    WriteBytes(Path("cut"), bytes.substr(0, size));
+    EXPECT_FALSE(ReadSafetensors(Path("cut")).ok()) << "truncated to " << size;
+  }
+  for (size_t i = 0; i < 8 + parts.header.size(); ++i) {
+    for (char replacement : {'\0', '"', '9', '}', '\xff'}) {
+      std::string changed = bytes;
+      changed[i] = replacement;
+      WriteBytes(Path("changed"), changed);
+      (void)ReadSafetensors(Path("changed"));  // any status; what matters is that we get one
+    }
+  }
 }
 
 }  // namespace
