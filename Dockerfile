@@ -1,0 +1,43 @@
+# attnserve in a container: a build stage compiles the server and the client on Debian 12, the
+# runtime stage carries the two binaries and their runtime libraries only, as a non-root user.
+#
+#   podman build --pull=never -t attnserve .          (or: docker build -t attnserve .)
+#   docker run --rm --init -p 50051:50051 attnserve   (serves the built-in demo model)
+#   docker run --rm --init -p 50051:50051 -v $PWD/my.safetensors:/models/my.safetensors:ro \
+#     attnserve --listen 0.0.0.0:50051 --model my=/models/my.safetensors:num_heads=8
+#
+# The build stage starts from debian:bookworm. Offline, where only a local debian:bookworm-slim
+# exists, tag it (deploy/docker-smoke.sh does) or pass --build-arg BUILD_IMAGE=debian:bookworm-slim:
+# install-deps.sh installs everything the build needs either way.
+ARG BUILD_IMAGE=debian:bookworm
+ARG RUNTIME_IMAGE=debian:bookworm-slim
+
+FROM ${BUILD_IMAGE} AS build
+WORKDIR /src
+# The dependency layer first, so that a source change does not reinstall the toolchain.
+COPY deploy/install-deps.sh deploy/install-deps.sh
+RUN deploy/install-deps.sh && rm -rf /var/lib/apt/lists/*
+COPY . .
+RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DATTNSERVE_BUILD_TESTS=OFF \
+ && cmake --build /build -j"$(nproc)" --target attnserve attnserve-client \
+ && strip /build/server/attnserve /build/client/attnserve-client
+
+FROM ${RUNTIME_IMAGE}
+# The shared libraries the two binaries link (found with ldd + dpkg -S); apt adds what they
+# depend on (libgrpc29, abseil, c-ares, re2, OpenSSL, zlib).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      libdnnl2 ocl-icd-libopencl1 libgomp1 \
+      libgrpc++1.51 libprotobuf32 libspdlog1.10 libfmt9 \
+ && rm -rf /var/lib/apt/lists/*
+RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin attnserve \
+ && mkdir /models
+COPY --from=build /build/server/attnserve /build/client/attnserve-client /usr/local/bin/
+USER 10001:10001
+# Weights are mounted here (read-only is enough); without --model the demo layer is served.
+WORKDIR /models
+EXPOSE 50051
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["attnserve-client", "--target", "127.0.0.1:50051", "--timeout", "3", "health"]
+ENTRYPOINT ["attnserve"]
+CMD ["--listen", "0.0.0.0:50051"]

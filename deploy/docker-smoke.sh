@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds the attnserve image, runs it, calls it from the host with attnserve-client (health,
+# models, infer), stops it with SIGTERM and checks that it exited cleanly. Prints the image size.
+#   deploy/docker-smoke.sh [--from-head]
+#     --from-head   build from the committed tree (git archive HEAD) instead of the checkout
+# Needs podman (or ENGINE=docker) and a host attnserve-client (CLIENT=..., default
+# build/client/attnserve-client; deploy/build.sh makes it). Offline hosts have only a local
+# debian:bookworm-slim (/work/shared/tools/podman-host-setup.sh builds one): when debian:bookworm
+# is missing, the slim image is tagged as it for the build stage, which installs what it needs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ENGINE=${ENGINE:-podman}
+IMAGE=${IMAGE:-attnserve:smoke}
+PORT=${PORT:-50551}
+CLIENT=${CLIENT:-build/client/attnserve-client}
+NAME=attnserve-smoke-$$
+
+[[ -x "$CLIENT" ]] || { echo "no $CLIENT: run deploy/build.sh first (or set CLIENT)" >&2; exit 1; }
+if ! $ENGINE image exists debian:bookworm 2>/dev/null && ! $ENGINE image inspect debian:bookworm >/dev/null 2>&1; then
+  echo "debian:bookworm missing: tagging debian:bookworm-slim as it for the build stage"
+  $ENGINE tag debian:bookworm-slim debian:bookworm
+fi
+
+context=.
+if [[ "${1:-}" == "--from-head" ]]; then
+  context=$(mktemp -d)
+  trap 'rm -rf "$context"' EXIT
+  git archive HEAD | tar -x -C "$context"
+fi
+build_flags=(-t "$IMAGE" "$context")
+# podman writes OCI images by default, which have no HEALTHCHECK: ask for the docker format.
+[[ "$ENGINE" == podman ]] && build_flags=(--pull=never --format docker "${build_flags[@]}")
+start=$SECONDS
+$ENGINE build "${build_flags[@]}"
+echo "image built in $((SECONDS - start)) s"
+
+cleanup() { $ENGINE rm -f "$NAME" >/dev/null 2>&1 || true; }
+trap 'cleanup; [[ "$context" != . ]] && rm -rf "$context"' EXIT
+$ENGINE run -d --name "$NAME" -p "127.0.0.1:$PORT:50051" "$IMAGE" >/dev/null
+target="127.0.0.1:$PORT"
+for _ in $(seq 1 60); do
+  "$CLIENT" --target "$target" --timeout 2 health >/dev/null 2>&1 && break
+  sleep 1
+done
+"$CLIENT" --target "$target" health
+"$CLIENT" --target "$target" models
+"$CLIENT" --target "$target" infer --random 2,8 --lengths 8,5 --kind causal
+# The image's own HEALTHCHECK command, run inside the container.
+$ENGINE exec "$NAME" attnserve-client --target 127.0.0.1:50051 health
+echo "user in the container: $($ENGINE exec "$NAME" id -u)"
+
+$ENGINE stop --time 30 "$NAME" >/dev/null  # SIGTERM, then SIGKILL after 30 s
+code=$($ENGINE inspect --format '{{.State.ExitCode}}' "$NAME")
+$ENGINE logs "$NAME" 2>&1 | tail -n 4
+[[ "$code" == 0 ]] || { echo "FAIL: exit code $code after SIGTERM" >&2; exit 1; }
+echo "clean exit (0) after SIGTERM"
+echo "image size: $($ENGINE image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.1f MB", $1/1e6}')"
+echo "docker smoke test passed"
