@@ -107,18 +107,6 @@ class TileScratch {
   std::unique_ptr<float, Free> storage_;
 };
 
-// Loads the tile's queries transposed and pre-multiplied by scale * log2(e), so the kernels
-// work with base-2 exponentials; rows past the tile are zero.
-void PackQueries(const AttentionProblem& p, const Tile& t, int vecs, float* q_t) {
-  const int64_t d = p.head_dim;
-  const float factor = p.scale * std::numbers::log2e_v<float>;
-  const float* q = p.q + (p.q_offsets[t.b] + t.row0) * p.q_stride + t.h * d;
-  for (int64_t r = 0; r < vecs * kLanes; ++r) {
-    const float* row = q + r * p.q_stride;
-    for (int64_t c = 0; c < d; ++c) q_t[c * kTileRows + r] = r < t.rows ? row[c] * factor : 0.0f;
-  }
-}
-
 // Runs the online softmax over every visible key block; leaves O^T, max and sum.
 void RunKeyBlocks(const AttentionProblem& p, const Tile& t, int vecs, const TileKernels& kernels,
                   TileScratch& s) {
@@ -132,23 +120,16 @@ void RunKeyBlocks(const AttentionProblem& p, const Tile& t, int vecs, const Tile
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
     const int64_t diag = j0 - t.row0;
+    const NextBlock next{k + (j0 + kKeyBlock) * p.k_stride, p.k_stride,
+                         v + (j0 + kKeyBlock) * p.v_stride, p.v_stride,
+                         static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0 - num_keys))};
     kernels.score(s.q_t, vecs, static_cast<int>(d), k + j0 * p.k_stride, p.k_stride, num_keys,
-                  s.scores_t);
+                  next, s.scores_t);
     kernels.softmax(s.scores_t, vecs, num_keys, p.causal, diag, s.max, s.sum, s.alpha);
     kernels.accumulate(s.scores_t, vecs, num_keys, v + j0 * p.v_stride, p.v_stride,
                        static_cast<int>(d), s.alpha, s.out_t);
   }
   for (int r = 0; r < kTileRows; ++r) s.inv_sum[r] = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;
-}
-
-// Writes O / sum for the tile's rows; a row that saw no key has sum 0 and gets 0.
-void StoreOutput(const AttentionProblem& p, const Tile& t, const TileScratch& s) {
-  const int64_t d = p.head_dim;
-  float* out = p.out + (p.q_offsets[t.b] + t.row0) * p.out_stride + t.h * d;
-  for (int64_t r = 0; r < t.rows; ++r) {
-    float* row = out + r * p.out_stride;
-    for (int64_t c = 0; c < d; ++c) row[c] = s.out_t[c * kTileRows + r] * s.inv_sum[r];
-  }
 }
 
 // Recomputes the scores of the tile block by block with the final max and sum and writes the
@@ -162,7 +143,7 @@ void StoreProbs(const AttentionProblem& p, const Tile& t, int vecs, const TileKe
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
     kernels.score(s.q_t, vecs, static_cast<int>(d), k + j0 * p.k_stride, p.k_stride, num_keys,
-                  s.scores_t);
+                  NextBlock{}, s.scores_t);
     kernels.normalize(s.scores_t, vecs, num_keys, p.causal, j0 - t.row0, s.max, s.inv_sum);
     for (int64_t r = 0; r < t.rows; ++r) {
       float* row = probs + r * p.probs_kv_len + j0;
@@ -185,9 +166,16 @@ void ZeroPaddedProbRows(const AttentionProblem& p, int64_t b, int64_t h) {
 void RunTile(const AttentionProblem& p, const Tile& t, const TileKernels& kernels,
              TileScratch& s) {
   const int vecs = static_cast<int>((t.rows + kLanes - 1) / kLanes);
-  PackQueries(p, t, vecs, s.q_t);
+  const int64_t d = p.head_dim;
+  // Queries pre-multiplied by scale * log2(e): the kernels then work with base-2 exponentials.
+  const float* q = p.q + (p.q_offsets[t.b] + t.row0) * p.q_stride + t.h * d;
+  kernels.pack_queries(q, p.q_stride, static_cast<int>(t.rows), vecs, static_cast<int>(d),
+                       p.scale * std::numbers::log2e_v<float>, s.q_t);
   RunKeyBlocks(p, t, vecs, kernels, s);
-  StoreOutput(p, t, s);
+  // A row that saw no key has sum 0, inv_sum 0, and gets 0.
+  float* out = p.out + (p.q_offsets[t.b] + t.row0) * p.out_stride + t.h * d;
+  kernels.store_output(s.out_t, s.inv_sum, static_cast<int>(t.rows), static_cast<int>(d), out,
+                       p.out_stride);
   if (p.probs != nullptr) StoreProbs(p, t, vecs, kernels, s);
 }
 

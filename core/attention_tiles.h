@@ -23,11 +23,28 @@ inline constexpr int kKeyBlock = 64;
 // Keys per register tile of the score kernel; the driver pads key counts up to it.
 inline constexpr int kKeyTile = 8;
 
-// scores_t[j * tile_stride + r] = sum_c q_t[c * tile_stride + r] * k[j * k_stride + c] for
+// q_t[c * kTileRows + r] = q[r * q_stride + c] * factor for r < rows, 0 for the rows up to
+// vecs * kLanes: the tile's queries, transposed.
+using PackQueriesFn = void (*)(const float* q, int64_t q_stride, int rows, int vecs,
+                               int head_dim, float factor, float* q_t);
+
+// The rows of a key block that the next block will read, so that the score kernel can ask for
+// them while it computes (rows of fused QKV are a page apart: the hardware prefetcher, which
+// stays within a page, cannot see them coming). A hint only: count 0 means none.
+struct NextBlock {
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+  int count = 0;
+};
+
+// scores_t[j * kTileRows + r] = sum_c q_t[c * kTileRows + r] * k[j * k_stride + c] for
 // j < num_keys rounded up to kKeyTile (extra keys repeat key num_keys - 1; callers ignore
-// them) and r < vecs * kLanes. tile_stride is kTileRows.
+// them) and r < vecs * kLanes.
 using ScoreFn = void (*)(const float* q_t, int vecs, int head_dim, const float* k,
-                         int64_t k_stride, int num_keys, float* scores_t);
+                         int64_t k_stride, int num_keys, const NextBlock& next,
+                         float* scores_t);
 
 // The online-softmax step over one key block of base-2 log scores, in place:
 // for each row r, max_new = max(max[r], visible scores), alpha[r] = 2^(max[r] - max_new),
@@ -45,15 +62,21 @@ using AccumulateFn = void (*)(const float* p_t, int vecs, int num_keys, const fl
 using NormalizeFn = void (*)(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag,
                              const float* max, const float* inv_sum);
 
+// out[r * out_stride + c] = out_t[c * kTileRows + r] * inv_sum[r] for r < rows.
+using StoreOutputFn = void (*)(const float* out_t, const float* inv_sum, int rows, int head_dim,
+                               float* out, int64_t out_stride);
+
 // Running max of a row that has not seen a visible key: finite, so no inf - inf anywhere.
 inline constexpr float kNoKeyYet = -3.0e38f;
 
 // One implementation of the tile operations.
 struct TileKernels {
   const char* name;
+  PackQueriesFn pack_queries;
   ScoreFn score;
   SoftmaxFn softmax;
   AccumulateFn accumulate;
+  StoreOutputFn store_output;
   NormalizeFn normalize;
 };
 

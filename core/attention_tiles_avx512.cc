@@ -48,6 +48,85 @@ ATTNSERVE_AVX512_INLINE __m512 Exp2(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// Transposes the 16 x 16 block in r[0..15] in place (unpack, in-lane shuffle, two lane shuffles).
+ATTNSERVE_AVX512_INLINE void Transpose16x16(__m512* r) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + m], 128-bit lane k: column 4k + m of rows 4i..4i+3.
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512 even_lo = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
+    const __m512 even_hi = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+    const __m512 odd_lo = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xDD);
+    const __m512 odd_hi = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xDD);
+    r[m] = _mm512_shuffle_f32x4(even_lo, even_hi, 0x88);
+    r[8 + m] = _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD);
+    r[4 + m] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD);
+  }
+}
+
+// The first n lanes.
+ATTNSERVE_AVX512_INLINE __mmask16 FirstLanes(int n) {
+  return n >= kLanes ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// Transposes the queries 16 x 16 blocks at a time; the row loads of a block are independent,
+// so their cache misses overlap.
+ATTNSERVE_AVX512 void PackQueries(const float* q, int64_t q_stride, int rows, int vecs,
+                                  int head_dim, float factor, float* q_t) {
+  const __m512 f = _mm512_set1_ps(factor);
+  for (int v = 0; v < vecs; ++v) {
+    for (int c0 = 0; c0 < head_dim; c0 += kLanes) {
+      const __mmask16 cols = FirstLanes(head_dim - c0);
+      __m512 block[kLanes];
+      for (int i = 0; i < kLanes; ++i) {
+        const int r = v * kLanes + i;
+        block[i] = r < rows ? _mm512_maskz_loadu_ps(cols, q + r * q_stride + c0)
+                            : _mm512_setzero_ps();
+      }
+      Transpose16x16(block);
+      for (int c = 0; c < kLanes && c0 + c < head_dim; ++c) {
+        _mm512_store_ps(q_t + (c0 + c) * kTileRows + v * kLanes, _mm512_mul_ps(block[c], f));
+      }
+    }
+  }
+}
+
+ATTNSERVE_AVX512 void StoreOutput(const float* out_t, const float* inv_sum, int rows,
+                                  int head_dim, float* out, int64_t out_stride) {
+  for (int v = 0; v * kLanes < rows; ++v) {
+    const __m512 scale = _mm512_load_ps(inv_sum + v * kLanes);
+    for (int c0 = 0; c0 < head_dim; c0 += kLanes) {
+      const __mmask16 cols = FirstLanes(head_dim - c0);
+      __m512 block[kLanes];
+      for (int c = 0; c < kLanes; ++c) {
+        block[c] = c0 + c < head_dim
+                       ? _mm512_mul_ps(_mm512_load_ps(out_t + (c0 + c) * kTileRows + v * kLanes),
+                                       scale)
+                       : _mm512_setzero_ps();
+      }
+      Transpose16x16(block);
+      for (int i = 0; i < kLanes && v * kLanes + i < rows; ++i) {
+        _mm512_mask_storeu_ps(out + (v * kLanes + i) * out_stride + c0, cols, block[i]);
+      }
+    }
+  }
+}
+
+// Asks for one row of a head's slice (head_dim floats) to be brought into cache.
+ATTNSERVE_AVX512_INLINE void PrefetchRow(const float* row, int head_dim) {
+  for (int c = 0; c < head_dim; c += kLanes) _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
+}
+
 // Lanes r of vector v that key j may be seen by: r >= diag + j (all lanes when not causal).
 ATTNSERVE_AVX512_INLINE __mmask16 VisibleLanes(bool masked, int v, int64_t diag, int j) {
   if (!masked) return 0xFFFF;
@@ -89,8 +168,13 @@ ATTNSERVE_AVX512 void ScoreKeyTile(const float* q_t, int head_dim, const float* 
 
 template <int kVecs>
 ATTNSERVE_AVX512 void ScoreVecs(const float* q_t, int head_dim, const float* k, int64_t k_stride,
-                                int num_keys, float* scores_t) {
+                                int num_keys, const NextBlock& next, float* scores_t) {
   for (int j0 = 0; j0 < num_keys; j0 += kKeyTile) {
+    // The next block's K and V rows, a few per key tile so the requests spread over the block.
+    for (int j = j0; j < j0 + kKeyTile && j < next.count; ++j) {
+      PrefetchRow(next.k + j * next.k_stride, head_dim);
+      PrefetchRow(next.v + j * next.v_stride, head_dim);
+    }
     // Keys past the end repeat the last one: in bounds, and their scores are never read.
     const float* keys[kKeyTile];
     for (int j = 0; j < kKeyTile; ++j) keys[j] = k + std::min(j0 + j, num_keys - 1) * k_stride;
@@ -99,11 +183,11 @@ ATTNSERVE_AVX512 void ScoreVecs(const float* q_t, int head_dim, const float* k, 
 }
 
 void Score(const float* q_t, int vecs, int head_dim, const float* k, int64_t k_stride,
-           int num_keys, float* scores_t) {
+           int num_keys, const NextBlock& next, float* scores_t) {
   switch (vecs) {
-    case 1: return ScoreVecs<1>(q_t, head_dim, k, k_stride, num_keys, scores_t);
-    case 2: return ScoreVecs<2>(q_t, head_dim, k, k_stride, num_keys, scores_t);
-    default: return ScoreVecs<3>(q_t, head_dim, k, k_stride, num_keys, scores_t);
+    case 1: return ScoreVecs<1>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
+    case 2: return ScoreVecs<2>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
+    default: return ScoreVecs<3>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
   }
 }
 
@@ -257,7 +341,8 @@ ATTNSERVE_AVX512 void Normalize(float* scores_t, int vecs, int num_keys, bool ca
 }  // namespace
 
 const TileKernels* Avx512TileKernels() {
-  static constexpr TileKernels kKernels{"avx512", Score, Softmax, Accumulate, Normalize};
+  static constexpr TileKernels kKernels{"avx512",   PackQueries, Score,     Softmax,
+                                             Accumulate, StoreOutput, Normalize};
   static const bool supported = __builtin_cpu_supports("avx512f");
   return supported ? &kKernels : nullptr;
 }

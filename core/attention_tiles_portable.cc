@@ -10,8 +10,17 @@
 namespace attnserve::core::internal {
 namespace {
 
+void PackQueries(const float* q, int64_t q_stride, int rows, int vecs, int head_dim,
+                 float factor, float* q_t) {
+  for (int r = 0; r < vecs * kLanes; ++r) {
+    for (int c = 0; c < head_dim; ++c) {
+      q_t[c * kTileRows + r] = r < rows ? q[r * q_stride + c] * factor : 0.0f;
+    }
+  }
+}
+
 void Score(const float* q_t, int vecs, int head_dim, const float* k, int64_t k_stride,
-           int num_keys, float* scores_t) {
+           int num_keys, const NextBlock& /*next*/, float* scores_t) {
   const int rows = vecs * kLanes;
   for (int j = 0; j < num_keys; ++j) {
     float* s = scores_t + j * kTileRows;
@@ -63,6 +72,15 @@ void Accumulate(const float* p_t, int vecs, int num_keys, const float* v, int64_
   }
 }
 
+void StoreOutput(const float* out_t, const float* inv_sum, int rows, int head_dim, float* out,
+                 int64_t out_stride) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < head_dim; ++c) {
+      out[r * out_stride + c] = out_t[c * kTileRows + r] * inv_sum[r];
+    }
+  }
+}
+
 void Normalize(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag,
                const float* max, const float* inv_sum) {
   const int rows = vecs * kLanes;
@@ -77,7 +95,8 @@ void Normalize(float* scores_t, int vecs, int num_keys, bool causal, int64_t dia
 }  // namespace
 
 const TileKernels& PortableTileKernels() {
-  static constexpr TileKernels kKernels{"portable", Score, Softmax, Accumulate, Normalize};
+  static constexpr TileKernels kKernels{"portable",  PackQueries, Score,      Softmax,
+                                             Accumulate,  StoreOutput, Normalize};
   return kKernels;
 }
 
