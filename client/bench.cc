@@ -85,10 +85,9 @@ absl::StatusOr<BenchReport> RunBench(const AttentionClient& client,
   }
   std::atomic<int64_t> budget(options.max_requests > 0 ? options.max_requests : INT64_MAX);
   const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline =
-      options.duration > absl::ZeroDuration()
-          ? start + absl::ToChronoMilliseconds(options.duration)
-          : Clock::time_point::max();
+  const Clock::time_point deadline = options.duration > absl::ZeroDuration()
+                                         ? start + absl::ToChronoMilliseconds(options.duration)
+                                         : Clock::time_point::max();
   std::vector<CallerTally> tallies(options.concurrency);
   std::vector<std::thread> callers;
   for (CallerTally& tally : tallies) {

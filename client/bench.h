@@ -27,8 +27,8 @@ struct BenchReport {
   int64_t ok = 0;
   std::map<absl::StatusCode, int64_t> errors;  // failed calls by status code
   absl::Duration elapsed;
-  int64_t tokens_per_request = 0;     // query tokens (sum of lengths) in one request
-  std::vector<double> latencies_ms;   // of the successful calls, sorted
+  int64_t tokens_per_request = 0;    // query tokens (sum of lengths) in one request
+  std::vector<double> latencies_ms;  // of the successful calls, sorted
 
   int64_t total() const;
   double requests_per_second() const;  // successful calls only

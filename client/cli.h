@@ -28,9 +28,9 @@ struct CallFlags {
   std::string context;         // .npy file for the cross kinds
   std::string context_random;  // "B,S": random [B, S, d_context] context instead of a file
   std::string context_lengths;
-  bool packed = false;         // send [B, S, d] arrays without their padding
+  bool packed = false;  // send [B, S, d] arrays without their padding
   std::string encoding = "raw";
-  uint64_t seed = 1;           // of the random arrays
+  uint64_t seed = 1;  // of the random arrays
 };
 
 // A call ready to send, and how to give its output back the input file's shape.

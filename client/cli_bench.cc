@@ -37,8 +37,8 @@ absl::Status WorstError(const BenchReport& report) {
     if (n > most) worst = code, most = n;
   }
   if (worst == absl::StatusCode::kOk) return absl::OkStatus();
-  return absl::Status(worst, absl::StrCat(report.total() - report.ok, " of ", report.total(),
-                                          " calls failed"));
+  return absl::Status(
+      worst, absl::StrCat(report.total() - report.ok, " of ", report.total(), " calls failed"));
 }
 
 }  // namespace

@@ -51,9 +51,9 @@ absl::StatusOr<int64_t> PackSide(FloatArray& array, std::vector<int32_t>& length
 absl::Status CheckSources(const SideFlags& side, bool wanted) {
   const int given = !side.file.empty() + !side.random.empty();
   if (wanted && given != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("give exactly one of --", side.name,
-                                                   " FILE.npy or --", side.name == "input" ? "" : "context-",
-                                                   "random B,S"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("give exactly one of --", side.name, " FILE.npy or --",
+                     side.name == "input" ? "" : "context-", "random B,S"));
   }
   if (!wanted && given > 0) {
     return absl::InvalidArgumentError(

@@ -33,8 +33,8 @@ absl::Status MaybeWrite(const std::string& path, absl::string_view name, const F
 
 std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags) {
   ClientOptions options;
-  options.timeout = flags.timeout_seconds > 0 ? absl::Seconds(flags.timeout_seconds)
-                                              : absl::InfiniteDuration();
+  options.timeout =
+      flags.timeout_seconds > 0 ? absl::Seconds(flags.timeout_seconds) : absl::InfiniteDuration();
   options.max_message_bytes = flags.max_message_mib << 20;
   return AttentionClient::Connect(flags.target, options);
 }
@@ -56,7 +56,8 @@ absl::Status RunInfer(const ConnectionFlags& connection, const InferFlags& flags
     if (!padded.ok()) return padded.status();
     result->output = *std::move(padded);
   }
-  std::cout << absl::StrFormat("%s call: %.2f ms\n", KindFlagName(prepared->call.kind), took.count());
+  std::cout << absl::StrFormat("%s call: %.2f ms\n", KindFlagName(prepared->call.kind),
+                               took.count());
   if (flags.output.empty()) PrintSummary("output", result->output);
   if (result->attention.has_value() && flags.attention_output.empty()) {
     PrintSummary("attention", *result->attention);

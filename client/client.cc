@@ -65,12 +65,14 @@ absl::StatusOr<ForwardResult> AttentionClient::Forward(const ForwardCall& call) 
   if (!response.ok()) return response.status();
   ForwardResult result;
   absl::StatusOr<FloatArray> output = DecodeTensor(response->output());
-  if (!output.ok()) return absl::InternalError(absl::StrCat("response output: ", output.status().message()));
+  if (!output.ok())
+    return absl::InternalError(absl::StrCat("response output: ", output.status().message()));
   result.output = *std::move(output);
   if (response->has_attention()) {
     absl::StatusOr<FloatArray> attention = DecodeTensor(response->attention());
     if (!attention.ok()) {
-      return absl::InternalError(absl::StrCat("response attention: ", attention.status().message()));
+      return absl::InternalError(
+          absl::StrCat("response attention: ", attention.status().message()));
     }
     result.attention = *std::move(attention);
   }
@@ -94,9 +96,9 @@ absl::StatusOr<v1::ModelInfo> AttentionClient::FindModel(const std::string& name
     if (model.name() == name || (name.empty() && models->size() == 1)) return model;
     names.push_back(model.name());
   }
-  return absl::NotFoundError(absl::StrCat(name.empty() ? "no model named and the server has "
-                                                       : absl::StrCat("no model '", name, "'; "),
-                                          "models: ", absl::StrJoin(names, ", ")));
+  return absl::NotFoundError(absl::StrCat(
+      name.empty() ? "no model named and the server has " : absl::StrCat("no model '", name, "'; "),
+      "models: ", absl::StrJoin(names, ", ")));
 }
 
 absl::StatusOr<AttentionClient::ServingStatus> AttentionClient::Health(

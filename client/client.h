@@ -25,7 +25,7 @@ struct ClientOptions {
 struct ForwardCall {
   std::string model;  // empty: the server's only model
   v1::AttentionKind kind = v1::ATTENTION_KIND_BIDIRECTIONAL;
-  FloatArray input;   // [B, S, d_model] padded or [T, d_model] packed
+  FloatArray input;  // [B, S, d_model] padded or [T, d_model] packed
   std::vector<int32_t> lengths;
   std::optional<FloatArray> context;  // cross kinds only
   std::vector<int32_t> context_lengths;

@@ -147,7 +147,8 @@ absl::StatusOr<std::string> SerializeNpy(const FloatArray& array) {
   if (array.shape.size() > 1) shape.resize(shape.size() - 2);  // keep the comma of "(7,)"
   if (array.shape.size() == 1) shape.pop_back();
   absl::StrAppend(&shape, ")");
-  std::string dict = absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': ", shape, ", }");
+  std::string dict =
+      absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': ", shape, ", }");
   // Pad with spaces and end with a newline so that the data starts on a 64-byte boundary.
   const size_t unpadded = 10 + dict.size() + 1;
   dict.append((kAlignment - unpadded % kAlignment) % kAlignment, ' ');
@@ -161,7 +162,8 @@ absl::StatusOr<std::string> SerializeNpy(const FloatArray& array) {
   out.push_back(static_cast<char>(dict.size() & 0xff));
   out.push_back(static_cast<char>(dict.size() >> 8));
   out += dict;
-  out.append(reinterpret_cast<const char*>(array.values.data()), array.values.size() * sizeof(float));
+  out.append(reinterpret_cast<const char*>(array.values.data()),
+             array.values.size() * sizeof(float));
   return out;
 }
 

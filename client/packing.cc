@@ -47,9 +47,8 @@ absl::StatusOr<FloatArray> Unpack(const FloatArray& packed, const std::vector<in
   const bool too_long = std::any_of(lengths.begin(), lengths.end(),
                                     [&](int32_t len) { return len < 0 || len > padded_length; });
   if (total != packed.shape[0] || too_long) {
-    return absl::InvalidArgumentError(absl::StrCat("lengths do not fit packed shape ",
-                                                   packed.ShapeString(), " padded to ",
-                                                   padded_length));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lengths do not fit packed shape ", packed.ShapeString(), " padded to ", padded_length));
   }
   const auto batch = static_cast<int64_t>(lengths.size());
   FloatArray padded{.shape = {batch, padded_length, width}, .values = {}};
@@ -69,7 +68,8 @@ absl::StatusOr<std::vector<int32_t>> ParseIntList(const std::string& text) {
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int32_t value = 0;
     if (!absl::SimpleAtoi(part, &value)) {
-      return absl::InvalidArgumentError(absl::StrCat("'", part, "' in '", text, "' is not an integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", part, "' in '", text, "' is not an integer"));
     }
     list.push_back(value);
   }

@@ -27,8 +27,8 @@ absl::StatusOr<FloatArray> DecodeTensor(const v1::Tensor& tensor) {
   const int64_t count = array.ElementCount();
   if (!tensor.raw().empty()) {
     if (tensor.raw().size() != static_cast<size_t>(count) * sizeof(float)) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor of shape ", array.ShapeString(),
-                                                     " carries ", tensor.raw().size(), " raw bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor of shape ", array.ShapeString(), " carries ", tensor.raw().size(), " raw bytes"));
     }
     array.values.resize(count);
     std::memcpy(array.values.data(), tensor.raw().data(), tensor.raw().size());
@@ -53,11 +53,16 @@ absl::StatusOr<v1::AttentionKind> ParseKind(absl::string_view name) {
 
 absl::string_view KindFlagName(v1::AttentionKind kind) {
   switch (kind) {
-    case v1::ATTENTION_KIND_BIDIRECTIONAL: return "bidirectional";
-    case v1::ATTENTION_KIND_CAUSAL: return "causal";
-    case v1::ATTENTION_KIND_CROSS: return "cross";
-    case v1::ATTENTION_KIND_CAUSAL_CROSS: return "causal-cross";
-    default: return "unspecified";
+    case v1::ATTENTION_KIND_BIDIRECTIONAL:
+      return "bidirectional";
+    case v1::ATTENTION_KIND_CAUSAL:
+      return "causal";
+    case v1::ATTENTION_KIND_CROSS:
+      return "cross";
+    case v1::ATTENTION_KIND_CAUSAL_CROSS:
+      return "causal-cross";
+    default:
+      return "unspecified";
   }
 }
 

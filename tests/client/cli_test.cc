@@ -110,8 +110,8 @@ TEST_F(DemoServerTest, InferPrintsShapeAndValuesWithoutOutputFile) {
 
 TEST_F(DemoServerTest, PackedValuesAndRawPaddedAgree) {
   const std::string padded = dir_ + "/padded.npy", packed = dir_ + "/packed.npy";
-  const std::vector<std::string> call = {"infer", "--random", "3,6", "--lengths", "6,2,4",
-                                         "--kind", "causal"};
+  const std::vector<std::string> call = {"infer", "--random", "3,6",   "--lengths",
+                                         "6,2,4", "--kind",   "causal"};
   std::vector<std::string> a = call, b = call;
   a.insert(a.end(), {"--output", padded});
   b.insert(b.end(), {"--output", packed, "--packed", "--encoding", "values"});
@@ -161,7 +161,8 @@ TEST_F(DemoServerTest, BadCallsExitWithInvalidArgument) {
   r = Run({"infer", "--kind", "cross", "--random", "2,4"});  // no context
   EXPECT_EQ(r.exit_code, kInvalidArgument) << Describe(r);
   const std::string wrong_width = dir_ + "/w.npy";
-  ASSERT_TRUE(client::WriteNpy(wrong_width, {.shape = {1, 2, 8}, .values = std::vector<float>(16)}).ok());
+  ASSERT_TRUE(
+      client::WriteNpy(wrong_width, {.shape = {1, 2, 8}, .values = std::vector<float>(16)}).ok());
   r = Run({"infer", "--input", wrong_width});
   EXPECT_EQ(r.exit_code, kInvalidArgument) << Describe(r);
 }
@@ -202,7 +203,8 @@ TEST_F(DemoServerTest, BenchStopsAtOnceOnAWrongCall) {
 
 TEST(ClientWithoutServerTest, UnreachableServerExitsWithUnavailable) {
   const std::string target = absl::StrCat("127.0.0.1:", ClosedLoopbackPort());
-  ProgramResult r = RunProgram({ATTNSERVE_CLIENT_BIN, "--target", target, "--timeout", "5", "health"});
+  ProgramResult r =
+      RunProgram({ATTNSERVE_CLIENT_BIN, "--target", target, "--timeout", "5", "health"});
   EXPECT_EQ(r.exit_code, kUnavailable) << Describe(r);
   EXPECT_NE(r.err.find("UNAVAILABLE"), std::string::npos) << r.err;
 }

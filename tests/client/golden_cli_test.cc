@@ -22,8 +22,9 @@ constexpr float kTolerance = 1e-4f;
 // The cases sent through the command line: every kind, and every --model option (a prefix, a
 // num_heads for a file without metadata, a d_context that differs from d_model).
 const std::vector<std::string> kCases = {
-    "torch_mha/bidirectional", "torch_mha/causal", "torch_mha/cross", "torch_mha/causal_cross",
-    "query_kv/cross",          "prefixed/causal",  "no_metadata/causal_cross",
+    "torch_mha/bidirectional",  "torch_mha/causal", "torch_mha/cross",
+    "torch_mha/causal_cross",   "query_kv/cross",   "prefixed/causal",
+    "no_metadata/causal_cross",
 };
 
 // The model name a case's weights are served under: the weights file's stem.
@@ -42,10 +43,14 @@ std::string ModelFlag(const GoldenCase& c) {
 
 std::string KindFlag(core::AttentionKind kind) {
   switch (kind) {
-    case core::AttentionKind::kBidirectional: return "bidirectional";
-    case core::AttentionKind::kCausal: return "causal";
-    case core::AttentionKind::kCross: return "cross";
-    case core::AttentionKind::kCausalCross: return "causal-cross";
+    case core::AttentionKind::kBidirectional:
+      return "bidirectional";
+    case core::AttentionKind::kCausal:
+      return "causal";
+    case core::AttentionKind::kCross:
+      return "cross";
+    case core::AttentionKind::kCausalCross:
+      return "causal-cross";
   }
   return "";
 }
@@ -90,14 +95,24 @@ FloatArray InferThroughCli(const std::string& target, const GoldenCase& c, bool 
   const std::string dir = MakeTempDir();
   const std::string in = dir + "/in.npy", ctx = dir + "/ctx.npy", out = dir + "/out.npy";
   EXPECT_TRUE(client::WriteNpy(in, ToArray(c.input)).ok());
-  std::vector<std::string> argv = {ATTNSERVE_CLIENT_BIN, "--target", target, "infer",
-                                   "--model", ModelName(c), "--kind", KindFlag(c.kind),
-                                   "--input", in, "--lengths", absl::StrJoin(c.input.lengths, ","),
-                                   "--output", out};
+  std::vector<std::string> argv = {ATTNSERVE_CLIENT_BIN,
+                                   "--target",
+                                   target,
+                                   "infer",
+                                   "--model",
+                                   ModelName(c),
+                                   "--kind",
+                                   KindFlag(c.kind),
+                                   "--input",
+                                   in,
+                                   "--lengths",
+                                   absl::StrJoin(c.input.lengths, ","),
+                                   "--output",
+                                   out};
   if (c.context) {
     EXPECT_TRUE(client::WriteNpy(ctx, ToArray(*c.context)).ok());
-    argv.insert(argv.end(), {"--context", ctx, "--context-lengths",
-                             absl::StrJoin(c.context->lengths, ",")});
+    argv.insert(argv.end(),
+                {"--context", ctx, "--context-lengths", absl::StrJoin(c.context->lengths, ",")});
   }
   if (packed) argv.push_back("--packed");
   ProgramResult r = RunProgram(argv);

@@ -1,8 +1,9 @@
 // .npy reading and writing, and the array helpers of the client library: no server needed.
+#include "client/npy.h"
+
 #include <cstring>
 #include <fstream>
 
-#include "client/npy.h"
 #include "client/packing.h"
 #include "client/wire.h"
 #include "gtest/gtest.h"
@@ -14,8 +15,8 @@ namespace {
 // A .npy file byte for byte as numpy 1.24 writes np.arange(6, dtype='<f4').reshape(2, 3).
 std::string NumpyWritten(const std::string& descr = "<f4", const std::string& fortran = "False",
                          const std::string& shape = "(2, 3)") {
-  std::string dict = "{'descr': '" + descr + "', 'fortran_order': " + fortran +
-                     ", 'shape': " + shape + ", }";
+  std::string dict =
+      "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
   dict.append(64 - (10 + dict.size() + 1) % 64, ' ');
   dict.push_back('\n');
   std::string bytes = "\x93NUMPY";
@@ -39,14 +40,16 @@ TEST(NpyTest, ReadsWhatNumpyWrites) {
 }
 
 TEST(NpyTest, RoundTripsEveryRank) {
-  const std::vector<std::vector<int64_t>> shapes = {{}, {7}, {2, 3}, {2, 5, 4}, {1, 2, 3, 4}, {0, 4}};
+  const std::vector<std::vector<int64_t>> shapes = {{},        {7},          {2, 3},
+                                                    {2, 5, 4}, {1, 2, 3, 4}, {0, 4}};
   for (const std::vector<int64_t>& shape : shapes) {
     FloatArray array{.shape = shape, .values = {}};
     for (int64_t i = 0; i < array.ElementCount(); ++i) array.values.push_back(0.5f * i - 3);
     absl::StatusOr<std::string> bytes = SerializeNpy(array);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     // numpy aligns the data on 64 bytes; so do we, so that memory-mapping readers are happy.
-    const size_t header_len = static_cast<uint8_t>((*bytes)[8]) | static_cast<uint8_t>((*bytes)[9]) << 8;
+    const size_t header_len = static_cast<uint8_t>((*bytes)[8]) | static_cast<uint8_t>((*bytes)[9])
+                                                                      << 8;
     EXPECT_EQ((10 + header_len) % 64, 0u);
     absl::StatusOr<FloatArray> back = ParseNpy(*bytes);
     ASSERT_TRUE(back.ok()) << back.status();
@@ -91,8 +94,8 @@ TEST(NpyTest, RefusesBrokenFiles) {
   EXPECT_FALSE(ParseNpy("").ok());
   EXPECT_FALSE(ParseNpy("PK\x03\x04 not an npy file").ok());
   EXPECT_FALSE(ParseNpy(good.substr(0, good.size() - 1)).ok());  // truncated data
-  EXPECT_FALSE(ParseNpy(good + "xxxx").ok());                     // trailing data
-  EXPECT_FALSE(ParseNpy(good.substr(0, 40)).ok());                // truncated header
+  EXPECT_FALSE(ParseNpy(good + "xxxx").ok());                    // trailing data
+  EXPECT_FALSE(ParseNpy(good.substr(0, 40)).ok());               // truncated header
   EXPECT_FALSE(ParseNpy(NumpyWritten("<f4", "False", "(2, -3)")).ok());
   EXPECT_FALSE(ParseNpy(NumpyWritten("<f4", "False", "[2, 3]")).ok());
 }
