@@ -90,8 +90,13 @@ ATTNSERVE_AVX512 void PackQueries(const float* q, int64_t q_stride, int rows, in
       __m512 block[kLanes];
       for (int i = 0; i < kLanes; ++i) {
         const int r = v * kLanes + i;
-        block[i] = r < rows ? _mm512_maskz_loadu_ps(cols, q + r * q_stride + c0)
-                            : _mm512_setzero_ps();
+        if (r >= rows) {
+          block[i] = _mm512_setzero_ps();
+        } else if (cols == 0xFFFF) {  // masked accesses that miss the cache are slow
+          block[i] = _mm512_loadu_ps(q + r * q_stride + c0);
+        } else {
+          block[i] = _mm512_maskz_loadu_ps(cols, q + r * q_stride + c0);
+        }
       }
       Transpose16x16(block);
       for (int c = 0; c < kLanes && c0 + c < head_dim; ++c) {
@@ -115,8 +120,15 @@ ATTNSERVE_AVX512 void StoreOutput(const float* out_t, const float* inv_sum, int 
                        : _mm512_setzero_ps();
       }
       Transpose16x16(block);
+      // Masked stores that miss the cache stall far longer than plain ones: use them for the
+      // last columns only.
       for (int i = 0; i < kLanes && v * kLanes + i < rows; ++i) {
-        _mm512_mask_storeu_ps(out + (v * kLanes + i) * out_stride + c0, cols, block[i]);
+        float* row = out + (v * kLanes + i) * out_stride + c0;
+        if (cols == 0xFFFF) {
+          _mm512_storeu_ps(row, block[i]);
+        } else {
+          _mm512_mask_storeu_ps(row, cols, block[i]);
+        }
       }
     }
   }
