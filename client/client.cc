@@ -96,9 +96,12 @@ absl::StatusOr<v1::ModelInfo> AttentionClient::FindModel(const std::string& name
     if (model.name() == name || (name.empty() && models->size() == 1)) return model;
     names.push_back(model.name());
   }
-  return absl::NotFoundError(absl::StrCat(
-      name.empty() ? "no model named and the server has " : absl::StrCat("no model '", name, "'; "),
-      "models: ", absl::StrJoin(names, ", ")));
+  const std::string loaded = names.empty() ? "none" : absl::StrJoin(names, ", ");
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name a model (--model): the server has several or none: ", loaded));
+  }
+  return absl::NotFoundError(absl::StrCat("no model '", name, "'; loaded: ", loaded));
 }
 
 absl::StatusOr<AttentionClient::ServingStatus> AttentionClient::Health(
