@@ -13,9 +13,7 @@ int64_t RaggedBatch::max_length() const {
   return lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
 }
 
-int64_t RaggedBatch::rows() const {
-  return packed() ? total_length() : batch() * padded_length;
-}
+int64_t RaggedBatch::rows() const { return packed() ? total_length() : batch() * padded_length; }
 
 // Packed offsets are a prefix sum; callers that walk every sequence should accumulate
 // themselves rather than call this in a loop (it is O(b) when packed).

@@ -49,9 +49,9 @@ absl::Status InvalidTensor(const std::string& path, const std::string& name,
 // ones we do not convert still lets us check the layout of a file that holds them.
 int64_t DtypeBytes(std::string_view dtype) {
   static constexpr std::pair<std::string_view, int64_t> kSizes[] = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
-      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},    {"U32", 4},     {"F32", 4},
-      {"I64", 8},  {"U64", 8}, {"F64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
   for (const auto& [name, bytes] : kSizes) {
     if (name == dtype) return bytes;
   }
@@ -79,8 +79,8 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& path, const std::strin
   auto dtype = value.find("dtype");
   auto shape = value.find("shape");
   auto offsets = value.find("data_offsets");
-  if (dtype == value.end() || !dtype->is_string() || shape == value.end() ||
-      !shape->is_array() || offsets == value.end() || !offsets->is_array()) {
+  if (dtype == value.end() || !dtype->is_string() || shape == value.end() || !shape->is_array() ||
+      offsets == value.end() || !offsets->is_array()) {
     return InvalidTensor(path, name, "header entry needs dtype, shape and data_offsets");
   }
   entry.dtype = dtype->get<std::string>();
@@ -94,7 +94,8 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& path, const std::strin
   std::optional<uint64_t> begin, end;
   if (offsets->size() == 2) begin = AsUnsigned((*offsets)[0]), end = AsUnsigned((*offsets)[1]);
   if (!begin || !end || *begin > *end) {
-    return InvalidTensor(path, name, "data_offsets must be two integers [begin, end], begin <= end");
+    return InvalidTensor(path, name,
+                         "data_offsets must be two integers [begin, end], begin <= end");
   }
   entry.begin = *begin;
   entry.end = *end;
@@ -142,8 +143,9 @@ absl::Status CheckCoverage(const std::string& path, std::vector<TensorEntry>& en
       return InvalidTensor(path, entry.name, "data overlaps the previous tensor's");
     }
     if (entry.begin > covered) {
-      return InvalidTensor(path, entry.name,
-                           absl::StrCat("bytes ", covered, "..", entry.begin, " belong to no tensor"));
+      return InvalidTensor(
+          path, entry.name,
+          absl::StrCat("bytes ", covered, "..", entry.begin, " belong to no tensor"));
     }
     covered = entry.end;
   }
@@ -230,7 +232,8 @@ absl::Status ParseHeader(const std::string& path, const std::string& text, Safet
 absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstream& in,
                                            uint64_t file_bytes) {
   if (file_bytes < 8) {
-    return Invalid(path, absl::StrCat("the file has ", file_bytes, " bytes, fewer than the 8 of "
+    return Invalid(path, absl::StrCat("the file has ", file_bytes,
+                                      " bytes, fewer than the 8 of "
                                       "the header length"));
   }
   unsigned char length_bytes[8];
@@ -238,8 +241,10 @@ absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstrea
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length_bytes[i];
   if (header_bytes > file_bytes - 8) {
-    return Invalid(path, absl::StrCat("the header length ", header_bytes, " is past the end of the "
-                                      "file (", file_bytes, " bytes)"));
+    return Invalid(path, absl::StrCat("the header length ", header_bytes,
+                                      " is past the end of the "
+                                      "file (",
+                                      file_bytes, " bytes)"));
   }
   if (header_bytes > kMaxHeaderBytes) {
     return Invalid(path, absl::StrCat("the header length ", header_bytes, " exceeds the limit of ",
@@ -247,7 +252,7 @@ absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstrea
   }
   std::string text(header_bytes, '\0');
   if (!in.read(text.data(), static_cast<std::streamsize>(header_bytes))) {
-    return absl::DataLossError(absl::StrCat(path, ": could not read the header"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": could not read the header"));
   }
   return text;
 }
@@ -255,14 +260,15 @@ absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstrea
 absl::Status ReadTensorData(const std::string& path, std::ifstream& in, uint64_t data_start,
                             const TensorEntry& entry, SafetensorsFile& file) {
   if (!IsConvertible(entry.dtype)) {
-    return InvalidTensor(path, entry.name,
-                         absl::StrCat("unsupported dtype '", entry.dtype,
-                                      "' (attnserve reads F32, F16 and BF16)"));
+    return InvalidTensor(
+        path, entry.name,
+        absl::StrCat("unsupported dtype '", entry.dtype, "' (attnserve reads F32, F16 and BF16)"));
   }
   std::vector<char> raw(entry.end - entry.begin);
   in.seekg(static_cast<std::streamoff>(data_start + entry.begin));
   if (!in.read(raw.data(), static_cast<std::streamsize>(raw.size()))) {
-    return absl::DataLossError(absl::StrCat(path, ": tensor '", entry.name, "': read failed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tensor '", entry.name, "': read failed"));
   }
   StoredTensor& tensor = file.tensors[entry.name];
   tensor.dtype = entry.dtype;
@@ -275,7 +281,8 @@ absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const Tenso
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the file"));
   const std::streamoff end = in.tellg();
-  if (end < 0) return absl::DataLossError(absl::StrCat(path, ": cannot tell the file's size"));
+  if (end < 0)
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot tell the file's size"));
   const uint64_t file_bytes = static_cast<uint64_t>(end);
   in.seekg(0);
 

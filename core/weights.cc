@@ -40,8 +40,8 @@ absl::Status CheckSpec(const LayerSpec& spec) {
 // would silently poison every output, so it is refused at load rather than served.
 absl::Status CheckBuffer(const char* name, const std::vector<float>& values, int64_t expected) {
   if (static_cast<int64_t>(values.size()) != expected) {
-    return absl::InvalidArgumentError(absl::StrCat("layer weights: ", name, " has ",
-                                                   values.size(), " values, expected ", expected));
+    return absl::InvalidArgumentError(absl::StrCat("layer weights: ", name, " has ", values.size(),
+                                                   " values, expected ", expected));
   }
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {
@@ -66,14 +66,10 @@ absl::Status CheckWeights(const LayerWeights& weights) {
     const std::vector<float>& values;
     int64_t expected;
   } buffers[] = {
-      {"w_q", weights.w_q, inner * spec.d_model},
-      {"b_q", weights.b_q, bias_inner},
-      {"w_k", weights.w_k, inner * spec.d_context},
-      {"b_k", weights.b_k, bias_inner},
-      {"w_v", weights.w_v, inner * spec.d_context},
-      {"b_v", weights.b_v, bias_inner},
-      {"w_o", weights.w_o, out ? spec.d_model * inner : 0},
-      {"b_o", weights.b_o, bias_out},
+      {"w_q", weights.w_q, inner * spec.d_model},           {"b_q", weights.b_q, bias_inner},
+      {"w_k", weights.w_k, inner * spec.d_context},         {"b_k", weights.b_k, bias_inner},
+      {"w_v", weights.w_v, inner * spec.d_context},         {"b_v", weights.b_v, bias_inner},
+      {"w_o", weights.w_o, out ? spec.d_model * inner : 0}, {"b_o", weights.b_o, bias_out},
   };
   for (const auto& buffer : buffers) {
     if (absl::Status s = CheckBuffer(buffer.name, buffer.values, buffer.expected); !s.ok()) {
@@ -82,7 +78,6 @@ absl::Status CheckWeights(const LayerWeights& weights) {
   }
   return absl::OkStatus();
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // The layout loader. Tensors under the prefix are the layer's: each layout takes the ones it
@@ -115,8 +110,7 @@ class TensorSet {
 
   // A refusal naming the file and the tensor as the file spells it.
   absl::Status Error(const std::string& name, const std::string& what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path_, ": tensor '", prefix_, name, "' ", what));
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", prefix_, name, "' ", what));
   }
 
   absl::Status FileError(const std::string& what) const {
@@ -185,9 +179,9 @@ absl::StatusOr<Linear> TakeLinear(TensorSet& set, const std::string& weight_name
   absl::StatusOr<const StoredTensor*> bias = set.Take(bias_name, 1);
   if (!bias.ok()) return bias.status();
   if ((*bias)->shape[0] != (*weight)->shape[0]) {
-    return set.Error(bias_name, absl::StrCat("has shape ", TensorSet::ShapeText((*bias)->shape),
-                                             ", expected [", (*weight)->shape[0], "] to match '",
-                                             weight_name, "'"));
+    return set.Error(
+        bias_name, absl::StrCat("has shape ", TensorSet::ShapeText((*bias)->shape), ", expected [",
+                                (*weight)->shape[0], "] to match '", weight_name, "'"));
   }
   linear.bias = *bias;
   return linear;
@@ -261,8 +255,8 @@ absl::StatusOr<Projections> TakeProjections(TensorSet& set, const LayoutNames& n
   if (names.o.empty()) return p;
   // torch names its output projection "out_proj.weight", not "out_proj_weight".
   const bool torch = names.layout == WeightLayout::kTorchMha;
-  absl::StatusOr<Linear> o = torch ? TakeLinear(set, "out_proj.weight", "out_proj.bias", 1)
-                                   : take(names.o, 1);
+  absl::StatusOr<Linear> o =
+      torch ? TakeLinear(set, "out_proj.weight", "out_proj.bias", 1) : take(names.o, 1);
   if (!o.ok()) return o.status();
   p.o = *o;
   p.o_name = torch ? "out_proj.weight" : names.o + names.weight_suffix;
@@ -307,8 +301,8 @@ absl::StatusOr<int64_t> ResolveNumHeads(const SafetensorsFile& file, const LoadO
   }
   int64_t num_heads = 0;
   if (!absl::SimpleAtoi(it->second, &num_heads)) {
-    return absl::InvalidArgumentError(absl::StrCat(file.path, ": __metadata__ num_heads '",
-                                                   it->second, "' is not an integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path, ": __metadata__ num_heads '", it->second, "' is not an integer"));
   }
   return num_heads;
 }
@@ -337,7 +331,8 @@ absl::StatusOr<LayerWeights> BuildWeights(TensorSet& set, const SafetensorsFile&
   if (!names) {
     return set.FileError(absl::StrCat(
         "unknown layout: expected W_q/W_k/W_v, w_query/w_key/w_value, Wqkv+Wo, Wq+Wkv+Wo or "
-        "in_proj_weight+out_proj; found tensors [", absl::StrJoin(set.Names(), ", "), "]"));
+        "in_proj_weight+out_proj; found tensors [",
+        absl::StrJoin(set.Names(), ", "), "]"));
   }
   absl::StatusOr<Projections> p = TakeProjections(set, *names);
   if (!p.ok()) return p.status();
@@ -362,20 +357,19 @@ absl::StatusOr<LayerWeights> BuildWeights(TensorSet& set, const SafetensorsFile&
 
 }  // namespace
 
-absl::StatusOr<LayerWeights> LoadLayerWeights(const std::string& path,
-                                              const LoadOptions& options) {
+absl::StatusOr<LayerWeights> LoadLayerWeights(const std::string& path, const LoadOptions& options) {
   const std::string& prefix = options.prefix;
-  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(
-      path, [&prefix](std::string_view name) { return name.starts_with(prefix); });
+  absl::StatusOr<SafetensorsFile> file =
+      ReadSafetensors(path, [&prefix](std::string_view name) { return name.starts_with(prefix); });
   if (!file.ok()) return file.status();
   std::map<std::string, StoredTensor> mine;
   for (auto& [name, tensor] : file->tensors) {
     mine.emplace(name.substr(prefix.size()), std::move(tensor));
   }
   if (mine.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": no tensor", prefix.empty() ? "" : " under the prefix '", prefix,
-                     prefix.empty() ? "" : "'"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor",
+                                                   prefix.empty() ? "" : " under the prefix '",
+                                                   prefix, prefix.empty() ? "" : "'"));
   }
   TensorSet set(path, prefix, std::move(mine));
   return BuildWeights(set, *file, options);

@@ -47,7 +47,8 @@ absl::StatusOr<GoldenBatch> CheckFormulaSum(const Json& desc, GoldenBatch batch)
   const double expected = desc.at("sum").get<double>();
   if (std::fabs(sum - expected) > 1e-6 * (1.0 + std::fabs(expected))) {
     return absl::InternalError(absl::StrCat("formula input sums to ", sum, ", PyTorch's to ",
-                                            expected, ": FormulaValue and make_fixtures.py differ"));
+                                            expected,
+                                            ": FormulaValue and make_fixtures.py differ"));
   }
   return batch;
 }
@@ -100,7 +101,8 @@ absl::StatusOr<GoldenCase> ParseCase(const std::string& dir, const Json& desc) {
   c.name = desc.at("name").get<std::string>();
   c.weights_path = absl::StrCat(dir, "/", desc.at("weights").get<std::string>());
   c.load_options.prefix = desc.value("prefix", "");
-  if (desc.contains("load_num_heads")) c.load_options.num_heads = desc.at("load_num_heads").get<int64_t>();
+  if (desc.contains("load_num_heads"))
+    c.load_options.num_heads = desc.at("load_num_heads").get<int64_t>();
   absl::StatusOr<core::AttentionKind> kind = ParseKind(desc.at("kind").get<std::string>());
   if (!kind.ok()) return kind.status();
   c.kind = *kind;

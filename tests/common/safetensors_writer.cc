@@ -1,13 +1,13 @@
 #include "tests/common/safetensors_writer.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
-#include <unistd.h>
 
 #include "nlohmann/json.hpp"
 

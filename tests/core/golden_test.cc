@@ -2,6 +2,8 @@
 // every kind it serves, ragged lengths, block boundaries, a 4096-token causal sequence), plus the
 // properties that must hold whatever the numbers: padded == packed, a batch == its sequences
 // alone, several threads on one layer.
+#include "tests/common/golden.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -13,7 +15,6 @@
 
 #include "core/layer.h"
 #include "gtest/gtest.h"
-#include "tests/common/golden.h"
 
 namespace attnserve::core {
 namespace {
@@ -109,9 +110,9 @@ testing::AssertionResult AllNear(const float* actual, const float* expected, int
     }
   }
   if (worst_at < 0 || worst <= tolerance) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << what << ": max |diff| " << worst << " at flat index "
-                                     << worst_at << " (got " << actual[worst_at] << ", expected "
-                                     << expected[worst_at] << ")";
+  return testing::AssertionFailure()
+         << what << ": max |diff| " << worst << " at flat index " << worst_at << " (got "
+         << actual[worst_at] << ", expected " << expected[worst_at] << ")";
 }
 
 // Checks the stored output rows of `c` against a padded output.
@@ -121,13 +122,14 @@ testing::AssertionResult OutputMatches(const GoldenCase& c, const std::vector<fl
     const float* first = output.data() + row * c.d_output;
     selected.insert(selected.end(), first, first + c.d_output);
   }
-  return AllNear(selected.data(), c.expected_output.data(),
-                 static_cast<int64_t>(selected.size()), kTolerance, "output");
+  return AllNear(selected.data(), c.expected_output.data(), static_cast<int64_t>(selected.size()),
+                 kTolerance, "output");
 }
 
 std::string TestName(const testing::TestParamInfo<std::string>& info) {
   std::string name = info.param;
-  std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch); }, '_');
+  std::replace_if(
+      name.begin(), name.end(), [](char ch) { return !std::isalnum(ch); }, '_');
   return name;
 }
 

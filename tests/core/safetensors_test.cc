@@ -64,8 +64,8 @@ class SafetensorsTest : public testing::Test {
 };
 
 TEST_F(SafetensorsTest, ReadsF32TensorsAndMetadata) {
-  auto file = WriteAndRead(MakeSafetensors({F32("a", {2, 2}, {1, 2, 3, 4}), F32("b", {1}, {-5})},
-                                           {{"num_heads", "3"}}));
+  auto file = WriteAndRead(
+      MakeSafetensors({F32("a", {2, 2}, {1, 2, 3, 4}), F32("b", {1}, {-5})}, {{"num_heads", "3"}}));
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->metadata.at("num_heads"), "3");
   EXPECT_EQ(file->tensors.at("a").dtype, "F32");
@@ -85,8 +85,8 @@ TEST_F(SafetensorsTest, ConvertsF16IncludingSubnormalsAndSpecials) {
   // Bit patterns and their exact values, from IEEE 754 binary16.
   const std::vector<uint16_t> bits = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x0400, 0x03ff,
                                       0x3555, 0x8000, 0x7c00, 0xfc00, 0x7e00};
-  const std::vector<float> want = {1.0f, -2.0f, 65504.0f, 0x1.0p-24f, 0x1.0p-14f,
-                                   0x1.ff8p-15f, 0.333251953125f, -0.0f, INFINITY, -INFINITY};
+  const std::vector<float> want = {1.0f,         -2.0f,           65504.0f, 0x1.0p-24f, 0x1.0p-14f,
+                                   0x1.ff8p-15f, 0.333251953125f, -0.0f,    INFINITY,   -INFINITY};
   auto file = WriteAndRead(MakeSafetensors({Raw("h", "F16", {11}, bits)}));
   ASSERT_TRUE(file.ok()) << file.status();
   const std::vector<float>& got = file->tensors.at("h").values;
@@ -110,8 +110,8 @@ TEST_F(SafetensorsTest, F16ConversionRoundTripsEveryFiniteValue) {
   for (uint32_t b = 0; b < 0x10000; ++b) {
     if ((b & 0x7c00) != 0x7c00) bits.push_back(static_cast<uint16_t>(b));
   }
-  auto file = WriteAndRead(MakeSafetensors(
-      {Raw("all", "F16", {static_cast<int64_t>(bits.size())}, bits)}));
+  auto file =
+      WriteAndRead(MakeSafetensors({Raw("all", "F16", {static_cast<int64_t>(bits.size())}, bits)}));
   ASSERT_TRUE(file.ok()) << file.status();
   const std::vector<float>& values = file->tensors.at("all").values;
   for (size_t i = 0; i < bits.size(); ++i) {
@@ -122,6 +122,10 @@ TEST_F(SafetensorsTest, F16ConversionRoundTripsEveryFiniteValue) {
 TEST_F(SafetensorsTest, MissingFileIsNotFound) {
   EXPECT_EQ(ReadSafetensors(Path("absent.safetensors")).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(SafetensorsTest, ADirectoryIsRefusedNotCrashedOn) {
+  EXPECT_FALSE(ReadSafetensors(dir_).ok());
 }
 
 TEST_F(SafetensorsTest, RefusesShortFiles) {
@@ -155,21 +159,22 @@ TEST_F(SafetensorsTest, RefusesBadJson) {
 }
 
 TEST_F(SafetensorsTest, RefusesMalformedEntries) {
-  for (const char* header : {
-           R"({"a": 1})",
-           R"({"a": {"shape": [2], "data_offsets": [0, 8]}})",
-           R"({"a": {"dtype": "F32", "data_offsets": [0, 8]}})",
-           R"({"a": {"dtype": "F32", "shape": [2]}})",
-           R"({"a": {"dtype": 5, "shape": [2], "data_offsets": [0, 8]}})",
-           R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})",
-           R"({"a": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",
-           R"({"a": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}})",
-           R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})",
-           R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})",
-           R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}})",
-           R"({"__metadata__": {"num_heads": 4}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
-           R"({"__metadata__": [], "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
-       }) {
+  for (
+      const char* header : {
+          R"({"a": 1})",
+          R"({"a": {"shape": [2], "data_offsets": [0, 8]}})",
+          R"({"a": {"dtype": "F32", "data_offsets": [0, 8]}})",
+          R"({"a": {"dtype": "F32", "shape": [2]}})",
+          R"({"a": {"dtype": 5, "shape": [2], "data_offsets": [0, 8]}})",
+          R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})",
+          R"({"a": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",
+          R"({"a": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}})",
+          R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})",
+          R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})",
+          R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}})",
+          R"({"__metadata__": {"num_heads": 4}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+          R"({"__metadata__": [], "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+      }) {
     EXPECT_EQ(ReadHeader(header).status().code(), absl::StatusCode::kInvalidArgument) << header;
   }
 }
@@ -197,11 +202,13 @@ TEST_F(SafetensorsTest, RefusesShapesThatDoNotMatchTheByteSize) {
                 .code(),
             absl::StatusCode::kInvalidArgument);
   // A shape whose byte size overflows 64 bits must not wrap around to a small number.
-  EXPECT_EQ(ReadHeader(R"({"a": {"dtype": "F32", "shape": [4611686018427387904, 4611686018427387904, 4],
-                             "data_offsets": [0, 0]}})", 0)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ReadHeader(R"({"a": {"dtype": "F32", "shape": [4611686018427387904, 4611686018427387904, 4],
+                             "data_offsets": [0, 0]}})",
+                 0)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReadHeader(R"({"a": {"dtype": "F32", "shape": [18446744073709551615],
                              "data_offsets": [0, 8]}})")
                 .status()
@@ -233,7 +240,8 @@ TEST_F(SafetensorsTest, FilteredReadIgnoresUnwantedTensors) {
   const std::string path = Path("filtered.safetensors");
   WriteSafetensorsFile(path, MakeSafetensors({ids, F32("layer.w", {2}, {1, 2})}));
   EXPECT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kInvalidArgument);
-  auto file = ReadSafetensors(path, [](std::string_view name) { return name.starts_with("layer."); });
+  auto file =
+      ReadSafetensors(path, [](std::string_view name) { return name.starts_with("layer."); });
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->tensors.size(), 1u);
   EXPECT_EQ(file->tensors.at("layer.w").values, (std::vector<float>{1, 2}));

@@ -46,8 +46,15 @@ TEST(LoadLayerWeightsTest, LoadsEveryLayoutOfTheFixtures) {
       {"w_torch_mha.safetensors", none, WeightLayout::kTorchMha, 16, 16, 4, 4, true, true},
       {"w_fused_f16.safetensors", none, WeightLayout::kFusedQkv, 16, 16, 4, 4, true, true},
       {"w_torch_bf16.safetensors", none, WeightLayout::kTorchMha, 16, 16, 4, 4, true, true},
-      {"w_prefixed.safetensors", {std::nullopt, "encoder.layers.0.self_attn."},
-       WeightLayout::kTorchMha, 16, 16, 2, 8, true, true},
+      {"w_prefixed.safetensors",
+       {std::nullopt, "encoder.layers.0.self_attn."},
+       WeightLayout::kTorchMha,
+       16,
+       16,
+       2,
+       8,
+       true,
+       true},
       {"w_no_metadata.safetensors", {4, ""}, WeightLayout::kFusedQkv, 16, 16, 4, 4, true, true},
       {"w_kernel_h2.safetensors", none, WeightLayout::kFusedQkv, 32, 32, 2, 64, true, true},
   };
@@ -216,14 +223,14 @@ TEST_F(LoadRefusalTest, RefusesShapesThatDisagree) {
                                                            PatternTensor("W_k.weight", {8, 8}),
                                                            PatternTensor("W_v.weight", {8, 5})};
   EXPECT_EQ(Code(kv_reads_differently, "1"), kInvalid);
-  const std::vector<TensorToWrite> query_kv = {
-      PatternTensor("Wq.weight", {8, 8}), PatternTensor("Wkv.weight", {15, 6}),
-      PatternTensor("Wo.weight", {8, 8})};
+  const std::vector<TensorToWrite> query_kv = {PatternTensor("Wq.weight", {8, 8}),
+                                               PatternTensor("Wkv.weight", {15, 6}),
+                                               PatternTensor("Wo.weight", {8, 8})};
   EXPECT_EQ(Code(query_kv), kInvalid);
 }
 
 TEST_F(LoadRefusalTest, RefusesBadNumHeads) {
-  EXPECT_EQ(Code(Fused(), "3"), kInvalid);           // does not divide 8
+  EXPECT_EQ(Code(Fused(), "3"), kInvalid);  // does not divide 8
   EXPECT_EQ(Code(Fused(), "0"), kInvalid);
   EXPECT_EQ(Code(Fused(), "-2"), kInvalid);
   EXPECT_EQ(Code(Fused(), "two"), kInvalid);
