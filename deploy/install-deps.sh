@@ -13,7 +13,9 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
   python3 python3-grpcio python3-numpy          # the Python client example and its test
 )
-[[ "${1:-}" == "--torch" ]] && packages+=(python3-torch)
+# Debian's torch calls the system BLAS; without OpenBLAS that is netlib's reference BLAS (~1 GFLOP/s),
+# which would make the PyTorch benchmark (tests/bench) meaningless. The OpenMP build matches torch's.
+[[ "${1:-}" == "--torch" ]] && packages+=(python3-torch libopenblas0-openmp)
 
 missing=()
 for p in "${packages[@]}"; do
