@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -233,8 +234,7 @@ absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstrea
                                            uint64_t file_bytes) {
   if (file_bytes < 8) {
     return Invalid(path, absl::StrCat("the file has ", file_bytes,
-                                      " bytes, fewer than the 8 of "
-                                      "the header length"));
+                                      " bytes, fewer than the 8 of the header length"));
   }
   unsigned char length_bytes[8];
   in.read(reinterpret_cast<char*>(length_bytes), 8);
@@ -242,9 +242,7 @@ absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstrea
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length_bytes[i];
   if (header_bytes > file_bytes - 8) {
     return Invalid(path, absl::StrCat("the header length ", header_bytes,
-                                      " is past the end of the "
-                                      "file (",
-                                      file_bytes, " bytes)"));
+                                      " is past the end of the file (", file_bytes, " bytes)"));
   }
   if (header_bytes > kMaxHeaderBytes) {
     return Invalid(path, absl::StrCat("the header length ", header_bytes, " exceeds the limit of ",
@@ -278,11 +276,17 @@ absl::Status ReadTensorData(const std::string& path, std::ifstream& in, uint64_t
 }
 
 absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const TensorFilter& wanted) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  }
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return Invalid(path, "it is not a regular file");
+  }
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the file"));
+  if (!in) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open the file"));
   const std::streamoff end = in.tellg();
-  if (end < 0)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot tell the file's size"));
+  if (end < 0) return Invalid(path, "cannot tell the file's size");
   const uint64_t file_bytes = static_cast<uint64_t>(end);
   in.seekg(0);
 

@@ -29,6 +29,7 @@ struct SafetensorsFile {
 // Reads and checks a whole file. Refuses (InvalidArgument / NotFound, naming the file and the
 // tensor) a short file, a header length past the end, bad JSON, offsets out of range or
 // overlapping, a dtype other than F32/F16/BF16, a shape that does not match its byte size.
+// (An existing file we may not open is PermissionDenied.)
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
 
 // Says which tensors to read; an empty filter reads them all.

@@ -125,7 +125,7 @@ TEST_F(SafetensorsTest, MissingFileIsNotFound) {
 }
 
 TEST_F(SafetensorsTest, ADirectoryIsRefusedNotCrashedOn) {
-  EXPECT_FALSE(ReadSafetensors(dir_).ok());
+  EXPECT_EQ(ReadSafetensors(dir_).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SafetensorsTest, RefusesShortFiles) {
