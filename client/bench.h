@@ -30,8 +30,11 @@ struct BenchReport {
   int64_t tokens_per_request = 0;    // query tokens (sum of lengths) in one request
   std::vector<double> latencies_ms;  // of the successful calls, sorted
 
+  // Calls made, successful or not.
   int64_t total() const;
-  double requests_per_second() const;  // successful calls only
+  // Successful calls per second of the run.
+  double requests_per_second() const;
+  // Query tokens of the successful calls per second of the run.
   double tokens_per_second() const;
   // Latency at quantile q in [0, 1] (nearest rank), 0 without successful calls.
   double LatencyMs(double q) const;

@@ -45,6 +45,7 @@ absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardCall& call);
 // A connection to one attnserve server. Thread-safe: every method may run concurrently.
 class AttentionClient {
  public:
+  // What grpc.health.v1 answers: SERVING, NOT_SERVING, ...
   using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
 
   // Opens a channel to `target` ("host:port"); connecting happens on the first call.
