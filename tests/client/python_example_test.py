@@ -14,12 +14,25 @@ import time
 import numpy as np
 
 
-def start_server(server, workdir):
+def save_numpy_layer(example, path):
+    """A torch.nn.MultiheadAttention-shaped state_dict made with numpy, saved by save_layer.py."""
+    sys.path.insert(0, os.path.dirname(example))
+    from save_layer import save_layer
+    rng = np.random.default_rng(5)
+    d = 8
+    save_layer(path, {"in_proj_weight": rng.standard_normal((3 * d, d)),
+                      "in_proj_bias": rng.standard_normal(3 * d),
+                      "out_proj.weight": rng.standard_normal((d, d)),
+                      "out_proj.bias": rng.standard_normal(d)}, num_heads=2)
+
+
+def start_server(server, workdir, models):
     """Starts attnserve on a free loopback port; returns (process, "127.0.0.1:PORT")."""
     port_file = os.path.join(workdir, "port")
     log = open(os.path.join(workdir, "server.log"), "w")
+    flags = [f"--model={m}" for m in models]
     proc = subprocess.Popen([server, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                             "--threads", "2"], stdout=log, stderr=subprocess.STDOUT)
+                             "--threads", "2"] + flags, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -40,18 +53,24 @@ def check_cli_files_match_python(args, target, workdir):
     x = np.random.default_rng(3).standard_normal((2, 5, 256)).astype(np.float32)
     in_path, out_path = os.path.join(workdir, "in.npy"), os.path.join(workdir, "out.npy")
     np.save(in_path, x)
-    run = subprocess.run([args.client, "--target", target, "infer", "--kind", "causal",
+    run = subprocess.run([args.client, "--target", target, "infer", "--model", "demo",
+                          "--kind", "causal",
                           "--input", in_path, "--lengths", "5,3", "--output", out_path],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     from_cli = np.load(out_path)
     stub = pb_grpc.AttentionServiceStub(grpc.insecure_channel(target))
     from_python = example.from_tensor(stub.Forward(pb.ForwardRequest(
-        kind=pb.ATTENTION_KIND_CAUSAL, input=example.to_tensor(pb, x), lengths=[5, 3]),
+        model="demo", kind=pb.ATTENTION_KIND_CAUSAL, input=example.to_tensor(pb, x),
+        lengths=[5, 3]),
         timeout=30).output)
     assert from_cli.dtype == np.float32 and from_cli.shape == (2, 5, 256), from_cli.shape
     assert np.allclose(from_cli, from_python, atol=1e-6), abs(from_cli - from_python).max()
     print("attnserve-client .npy output == Python call")
+    saved = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=30).models}["saved"]
+    assert (saved.d_model, saved.num_heads, saved.head_dim) == (8, 2, 4), saved
+    assert saved.has_bias and saved.has_output_projection, saved
+    print("save_layer.py wrote a file the server loads:", saved.layout)
 
 
 def main():
@@ -60,10 +79,12 @@ def main():
         parser.add_argument(flag, required=True)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
-        proc, target = start_server(args.server, workdir)
+        layer = os.path.join(workdir, "saved.safetensors")
+        save_numpy_layer(args.example, layer)
+        proc, target = start_server(args.server, workdir, ["demo=built-in", f"saved={layer}"])
         try:
             run = subprocess.run([sys.executable, args.example, "--target", target,
-                                  "--stubs", args.stubs], timeout=120)
+                                  "--model", "demo", "--stubs", args.stubs], timeout=120)
             assert run.returncode == 0, f"example.py exited {run.returncode}"
             check_cli_files_match_python(args, target, workdir)
         finally:
