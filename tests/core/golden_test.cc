@@ -193,6 +193,61 @@ TEST_P(GoldenTest, PaddedAndPackedGiveIdenticalResults) {
   }
 }
 
+// `batch` re-padded to `seq_len` rows per sequence, every padded row full of a large value:
+// masks come from lengths, so neither the padded length nor what padding holds may matter.
+GoldenBatch RePadded(const GoldenBatch& batch, int64_t seq_len) {
+  GoldenBatch out = batch;
+  out.seq_len = seq_len;
+  out.values.assign(batch.batch * seq_len * batch.width, 1e6f);
+  for (int64_t b = 0; b < batch.batch; ++b) {
+    std::copy_n(&batch.values[b * batch.seq_len * batch.width], batch.lengths[b] * batch.width,
+                &out.values[b * seq_len * batch.width]);
+  }
+  return out;
+}
+
+TEST_P(GoldenTest, ExtraPaddingWithGarbageChangesNothing) {
+  const GoldenCase& c = CaseNamed(GetParam());
+  if (c.input.seq_len > 1024) GTEST_SKIP() << "the long case costs enough as it is";
+  absl::StatusOr<std::shared_ptr<const Layer>> layer = LayerFor(c);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  constexpr int64_t kExtra = 3;
+  const GoldenBatch input = RePadded(c.input, c.input.seq_len + kExtra);
+  std::optional<GoldenBatch> context;
+  if (c.context) context = RePadded(*c.context, c.context->seq_len + kExtra);
+  ForwardArgs args = PaddedArgs(c, c.has_probabilities());
+  args.input = PaddedView(input);
+  if (context) args.context = PaddedView(*context);
+  const Result result = RunForward(**layer, args);
+  ASSERT_TRUE(result.status.ok()) << result.status;
+
+  // Row b*S+t of the fixture is row b*(S+extra)+t here; the extra rows must be 0.
+  std::vector<float> as_fixture;
+  for (int64_t b = 0; b < c.input.batch; ++b) {
+    const float* first = &result.output[b * input.seq_len * c.d_output];
+    as_fixture.insert(as_fixture.end(), first, first + c.input.seq_len * c.d_output);
+    for (const float* x = first + c.input.seq_len * c.d_output;
+         x != first + input.seq_len * c.d_output; ++x) {
+      ASSERT_EQ(*x, 0.0f) << "padded output row of sequence " << b;
+    }
+  }
+  EXPECT_TRUE(OutputMatches(c, as_fixture));
+  if (!c.has_probabilities()) return;
+  const int64_t kv = c.kv_seq_len(), kv_padded = kv + kExtra;
+  std::vector<float> probs;  // [B, H, S, S_kv] cut out of [B, H, S+extra, S_kv+extra]
+  for (int64_t bh = 0; bh < c.input.batch * c.num_heads; ++bh) {
+    for (int64_t i = 0; i < input.seq_len; ++i) {
+      const float* row = &result.attention[(bh * input.seq_len + i) * kv_padded];
+      if (i < c.input.seq_len) probs.insert(probs.end(), row, row + kv);
+      const float* extra_first = i < c.input.seq_len ? row + kv : row;
+      ASSERT_TRUE(std::all_of(extra_first, row + kv_padded, [](float x) { return x == 0.0f; }))
+          << "a padded probability is not 0 (head-row " << bh << ", query " << i << ")";
+    }
+  }
+  EXPECT_TRUE(AllNear(probs.data(), c.expected_probabilities.data(),
+                      static_cast<int64_t>(probs.size()), kTolerance, "probabilities"));
+}
+
 // A row of the batch depends on its own sequence only: nothing leaks across sequences.
 TEST_P(GoldenTest, BatchGivesTheSameRowsAsEachSequenceAlone) {
   const GoldenCase& c = CaseNamed(GetParam());
