@@ -19,6 +19,7 @@ using client::FloatArray;
 
 // Exit codes are the gRPC status codes' numbers.
 constexpr int kInvalidArgument = 3;
+constexpr int kDeadlineExceeded = 4;
 constexpr int kNotFound = 5;
 constexpr int kUnavailable = 14;
 
@@ -46,6 +47,13 @@ float MaxAbsDiff(const FloatArray& a, const FloatArray& b) {
     worst = std::max(worst, std::fabs(a.values[i] - b.values[i]));
   }
   return worst;
+}
+
+// Writes a [1, 2, 256] array of zeros (the demo model's width) and returns its path.
+std::string WriteZeros(const std::string& path) {
+  EXPECT_TRUE(
+      client::WriteNpy(path, {.shape = {1, 2, 256}, .values = std::vector<float>(512)}).ok());
+  return path;
 }
 
 // One server for the whole suite: starting attnserve per test would dominate the run time.
@@ -76,6 +84,19 @@ TEST_F(DemoServerTest, HealthIsServing) {
   ProgramResult r = Run({"health"});
   EXPECT_EQ(r.exit_code, 0) << Describe(r);
   EXPECT_EQ(r.out, "SERVING\n");
+}
+
+TEST_F(DemoServerTest, HealthOfOneService) {
+  ProgramResult r = Run({"health", "--service", "attnserve.v1.AttentionService"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  r = Run({"health", "--service", "no.such.Service"});
+  EXPECT_EQ(r.exit_code, kNotFound) << Describe(r);
+}
+
+TEST_F(DemoServerTest, ExpiredDeadlineExitsWithDeadlineExceeded) {
+  ProgramResult r = RunProgram({ATTNSERVE_CLIENT_BIN, "--target", server_->target(), "--timeout",
+                                "0.000001", "infer", "--input", WriteZeros(dir_ + "/z.npy")});
+  EXPECT_EQ(r.exit_code, kDeadlineExceeded) << Describe(r);
 }
 
 TEST_F(DemoServerTest, ModelsListsTheDemo) {
