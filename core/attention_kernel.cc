@@ -14,81 +14,91 @@
 #include <numbers>
 #include <vector>
 
+#include <omp.h>
+
 #include "core/attention_tiles.h"
 
 namespace attnserve::core {
 namespace internal {
 namespace {
 
-// One unit of parallel work: query rows [row0, row0 + rows) of sequence b, head h.
-struct Tile {
+// Query rows [row0, row0 + rows) of sequence b, head h: one tile (rows <= kTileRows), or as a
+// task, a run of consecutive tiles that share one packed copy of their keys and values.
+struct Rows {
   int64_t b;
   int64_t h;
   int64_t row0;
   int64_t rows;
-  int64_t cost;  // rows x visible keys, for heaviest-first ordering
+  int64_t cost = 0;  // rows x visible keys, for heaviest-first ordering
 };
 
-// Keys [0, end) that any row of the tile can see; blocks past it are never touched.
-int64_t KeyEnd(const AttentionProblem& p, int64_t b, int64_t row0, int64_t rows) {
-  const int64_t kv_len = p.kv_lengths[b];
-  return p.causal ? std::min(kv_len, row0 + rows) : kv_len;
+// Keys [0, end) that any of the rows can see; blocks past it are never touched.
+int64_t KeyEnd(const AttentionProblem& p, const Rows& t) {
+  const int64_t kv_len = p.kv_lengths[t.b];
+  return p.causal ? std::min(kv_len, t.row0 + t.rows) : kv_len;
 }
 
-// Tiles grouped by (sequence, head) so that a group's K and V stay hot in cache while its
-// tiles run; groups heaviest first and tiles heaviest first within a group, so the cheap
-// work lands at the end and evens out the threads (ragged lengths, causal triangles).
-std::vector<Tile> MakeTiles(const AttentionProblem& p) {
-  struct Group {
-    int64_t begin, end, cost;
-  };
-  std::vector<Tile> tiles;
-  std::vector<Group> groups;
+// Splits the work into tasks of whole tiles: one per (sequence, head) when there are plenty,
+// else each (sequence, head) cut into a few runs of tiles so every thread has work. Heaviest
+// first, so the cheap tasks land at the end and even out the threads (ragged, causal).
+std::vector<Rows> MakeTasks(const AttentionProblem& p, int threads) {
   const int64_t batch = static_cast<int64_t>(p.q_lengths.size());
+  int64_t groups = 0;
+  for (int64_t b = 0; b < batch; ++b) groups += p.q_lengths[b] > 0 ? p.num_heads : 0;
+  const int64_t min_tasks = 8 * static_cast<int64_t>(threads);
+  const int64_t chunks = groups == 0 ? 1 : (min_tasks + groups - 1) / groups;
+  std::vector<Rows> tasks;
   for (int64_t b = 0; b < batch; ++b) {
+    const int64_t tiles = (p.q_lengths[b] + kTileRows - 1) / kTileRows;
+    const int64_t per_task = std::max<int64_t>(1, (tiles + chunks - 1) / chunks) * kTileRows;
     for (int64_t h = 0; h < p.num_heads; ++h) {
-      Group g{static_cast<int64_t>(tiles.size()), 0, 0};
-      for (int64_t row0 = 0; row0 < p.q_lengths[b]; row0 += kTileRows) {
-        const int64_t rows = std::min<int64_t>(kTileRows, p.q_lengths[b] - row0);
-        const int64_t cost = rows * (KeyEnd(p, b, row0, rows) + 1);
-        tiles.push_back({b, h, row0, rows, cost});
-        g.cost += cost;
+      for (int64_t row0 = 0; row0 < p.q_lengths[b]; row0 += per_task) {
+        Rows t{b, h, row0, std::min(per_task, p.q_lengths[b] - row0)};
+        t.cost = t.rows * (KeyEnd(p, t) + 1);
+        tasks.push_back(t);
       }
-      g.end = static_cast<int64_t>(tiles.size());
-      std::sort(tiles.begin() + g.begin, tiles.end(),
-                [](const Tile& x, const Tile& y) { return x.cost > y.cost; });
-      groups.push_back(g);
     }
   }
-  std::stable_sort(groups.begin(), groups.end(),
-                   [](const Group& x, const Group& y) { return x.cost > y.cost; });
-  std::vector<Tile> ordered;
-  ordered.reserve(tiles.size());
-  for (const Group& g : groups) {
-    ordered.insert(ordered.end(), tiles.begin() + g.begin, tiles.begin() + g.end);
-  }
-  return ordered;
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Rows& x, const Rows& y) { return x.cost > y.cost; });
+  return tasks;
 }
 
-// Per-thread buffers of one tile, 64-byte aligned for whole-vector loads.
-class TileScratch {
- public:
-  explicit TileScratch(int64_t head_dim)
-      : floats_(static_cast<size_t>(FloatsFor(head_dim))),
-        storage_(static_cast<float*>(std::aligned_alloc(64, floats_ * sizeof(float)))) {
-    const size_t tile = static_cast<size_t>(head_dim) * kTileRows;
-    q_t = storage_.get();
+// Floats of per-thread scratch: Q^T and O^T tiles, one score block, four per-row vectors, and
+// the task's keys and values packed (max_kv rows of head_dim each).
+int64_t ScratchFloats(int64_t head_dim, int64_t max_kv) {
+  return (2 * head_dim + kKeyBlock + 4) * kTileRows + 2 * max_kv * head_dim;
+}
+
+// Per-thread storage kept across calls: OpenMP reuses its threads, so steady-state calls
+// neither allocate nor fault in pages.
+float* ThreadStorage(int64_t floats) {
+  struct Free {
+    void operator()(float* f) const { std::free(f); }
+  };
+  thread_local std::unique_ptr<float, Free> storage;
+  thread_local int64_t capacity = 0;
+  if (capacity < floats) {
+    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+    storage.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    capacity = floats;
+  }
+  return storage.get();
+}
+
+// The per-thread buffers, carved out of ThreadStorage, 64-byte aligned.
+struct TileScratch {
+  TileScratch(int64_t head_dim, int64_t max_kv) {
+    const int64_t tile = head_dim * kTileRows;
+    q_t = ThreadStorage(ScratchFloats(head_dim, max_kv));
     out_t = q_t + tile;
     scores_t = out_t + tile;
     max = scores_t + kKeyBlock * kTileRows;
     sum = max + kTileRows;
     alpha = sum + kTileRows;
     inv_sum = alpha + kTileRows;
-  }
-
-  // Floats needed: Q^T and O^T tiles, one score block, four per-row vectors.
-  static int64_t FloatsFor(int64_t head_dim) {
-    return (2 * head_dim + kKeyBlock + 4) * kTileRows;
+    k = inv_sum + kTileRows;
+    v = k + max_kv * head_dim;
   }
 
   float* q_t;
@@ -98,52 +108,61 @@ class TileScratch {
   float* sum;
   float* alpha;
   float* inv_sum;
-
- private:
-  struct Free {
-    void operator()(float* f) const { std::free(f); }
-  };
-  size_t floats_;
-  std::unique_ptr<float, Free> storage_;
+  float* k;  // packed keys of the current task, head_dim floats a row
+  float* v;  // packed values
 };
 
-// Runs the online softmax over every visible key block; leaves O^T, max and sum.
-void RunKeyBlocks(const AttentionProblem& p, const Tile& t, int vecs, const TileKernels& kernels,
+// Copies the first key_end keys and values of (b, h) into the scratch, rows back to back. In
+// fused QKV layouts rows are a page or more apart: every tile reading them there would pay a
+// TLB miss per row and per tile; packed, a task pays it once per row.
+void PackKeysValues(const AttentionProblem& p, const Rows& t, int64_t key_end, TileScratch& s) {
+  const int64_t d = p.head_dim;
+  const float* k = p.k + p.kv_offsets[t.b] * p.k_stride + t.h * d;
+  const float* v = p.v + p.kv_offsets[t.b] * p.v_stride + t.h * d;
+  constexpr int64_t kAhead = 8;  // rows requested ahead of the copy
+  for (int64_t j = 0; j < key_end; ++j) {
+    if (j + kAhead < key_end) {
+      __builtin_prefetch(k + (j + kAhead) * p.k_stride);
+      __builtin_prefetch(v + (j + kAhead) * p.v_stride);
+    }
+    std::memcpy(s.k + j * d, k + j * p.k_stride, d * sizeof(float));
+    std::memcpy(s.v + j * d, v + j * p.v_stride, d * sizeof(float));
+  }
+}
+
+// Runs the online softmax over every visible key block of the packed keys and values; leaves
+// O^T, max and sum.
+void RunKeyBlocks(const AttentionProblem& p, const Rows& t, int vecs, const TileKernels& kernels,
                   TileScratch& s) {
   const int64_t d = p.head_dim;
   std::fill(s.out_t, s.out_t + d * kTileRows, 0.0f);
   std::fill(s.max, s.max + kTileRows, kNoKeyYet);
   std::fill(s.sum, s.sum + kTileRows, 0.0f);
-  const int64_t key_end = KeyEnd(p, t.b, t.row0, t.rows);
-  const float* k = p.k + p.kv_offsets[t.b] * p.k_stride + t.h * d;
-  const float* v = p.v + p.kv_offsets[t.b] * p.v_stride + t.h * d;
+  const int64_t key_end = KeyEnd(p, t);
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
     const int64_t diag = j0 - t.row0;
-    const NextBlock next{k + (j0 + kKeyBlock) * p.k_stride, p.k_stride,
-                         v + (j0 + kKeyBlock) * p.v_stride, p.v_stride,
+    const NextBlock next{s.k + (j0 + kKeyBlock) * d, d, s.v + (j0 + kKeyBlock) * d, d,
                          static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0 - num_keys))};
-    kernels.score(s.q_t, vecs, static_cast<int>(d), k + j0 * p.k_stride, p.k_stride, num_keys,
-                  next, s.scores_t);
+    kernels.score(s.q_t, vecs, static_cast<int>(d), s.k + j0 * d, d, num_keys, next, s.scores_t);
     kernels.softmax(s.scores_t, vecs, num_keys, p.causal, diag, s.max, s.sum, s.alpha);
-    kernels.accumulate(s.scores_t, vecs, num_keys, v + j0 * p.v_stride, p.v_stride,
-                       static_cast<int>(d), s.alpha, s.out_t);
+    kernels.accumulate(s.scores_t, vecs, num_keys, s.v + j0 * d, d, static_cast<int>(d),
+                       s.alpha, s.out_t);
   }
   for (int r = 0; r < kTileRows; ++r) s.inv_sum[r] = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;
 }
 
 // Recomputes the scores of the tile block by block with the final max and sum and writes the
 // probabilities, every entry of the tile's rows included (masked and padded ones as 0).
-void StoreProbs(const AttentionProblem& p, const Tile& t, int vecs, const TileKernels& kernels,
+void StoreProbs(const AttentionProblem& p, const Rows& t, int vecs, const TileKernels& kernels,
                 TileScratch& s) {
   const int64_t d = p.head_dim;
-  const int64_t key_end = KeyEnd(p, t.b, t.row0, t.rows);
+  const int64_t key_end = KeyEnd(p, t);
   float* probs = p.probs + ((t.b * p.num_heads + t.h) * p.probs_q_len + t.row0) * p.probs_kv_len;
-  const float* k = p.k + p.kv_offsets[t.b] * p.k_stride + t.h * d;
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
-    kernels.score(s.q_t, vecs, static_cast<int>(d), k + j0 * p.k_stride, p.k_stride, num_keys,
-                  NextBlock{}, s.scores_t);
+    kernels.score(s.q_t, vecs, static_cast<int>(d), s.k + j0 * d, d, num_keys, NextBlock{},
+                  s.scores_t);
     kernels.normalize(s.scores_t, vecs, num_keys, p.causal, j0 - t.row0, s.max, s.inv_sum);
     for (int64_t r = 0; r < t.rows; ++r) {
       float* row = probs + r * p.probs_kv_len + j0;
@@ -163,7 +182,7 @@ void ZeroPaddedProbRows(const AttentionProblem& p, int64_t b, int64_t h) {
   std::fill(rows, rows + (p.probs_q_len - first) * p.probs_kv_len, 0.0f);
 }
 
-void RunTile(const AttentionProblem& p, const Tile& t, const TileKernels& kernels,
+void RunTile(const AttentionProblem& p, const Rows& t, const TileKernels& kernels,
              TileScratch& s) {
   const int vecs = static_cast<int>((t.rows + kLanes - 1) / kLanes);
   const int64_t d = p.head_dim;
@@ -179,17 +198,34 @@ void RunTile(const AttentionProblem& p, const Tile& t, const TileKernels& kernel
   if (p.probs != nullptr) StoreProbs(p, t, vecs, kernels, s);
 }
 
+void RunTask(const AttentionProblem& p, const Rows& task, const TileKernels& kernels,
+             TileScratch& s) {
+  PackKeysValues(p, task, KeyEnd(p, task), s);
+  for (int64_t row0 = task.row0; row0 < task.row0 + task.rows; row0 += kTileRows) {
+    const Rows tile{task.b, task.h, row0, std::min<int64_t>(kTileRows, task.row0 + task.rows - row0)};
+    RunTile(p, tile, kernels, s);
+  }
+}
+
+// The longest key sequence: the packed keys and values of any task fit in it.
+int64_t MaxKvLength(const AttentionProblem& p) {
+  int64_t max_kv = 0;
+  for (int64_t len : p.kv_lengths) max_kv = std::max(max_kv, len);
+  return max_kv;
+}
+
 }  // namespace
 
 void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels) {
-  const std::vector<Tile> tiles = MakeTiles(p);
-  const int64_t num_tiles = static_cast<int64_t>(tiles.size());
+  const std::vector<Rows> tasks = MakeTasks(p, omp_get_max_threads());
+  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   const int64_t pairs = static_cast<int64_t>(p.q_lengths.size()) * p.num_heads;
+  const int64_t max_kv = MaxKvLength(p);
 #pragma omp parallel
   {
-    TileScratch scratch(p.head_dim);
+    TileScratch scratch(p.head_dim, max_kv);
 #pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t i = 0; i < num_tiles; ++i) RunTile(p, tiles[i], kernels, scratch);
+    for (int64_t i = 0; i < num_tasks; ++i) RunTask(p, tasks[i], kernels, scratch);
     if (p.probs != nullptr) {
 #pragma omp for schedule(static)
       for (int64_t bh = 0; bh < pairs; ++bh) ZeroPaddedProbRows(p, bh / p.num_heads, bh % p.num_heads);
@@ -222,7 +258,8 @@ void RunAttention(const AttentionProblem& problem) {
 }
 
 int64_t AttentionScratchBytes(const AttentionProblem& problem) {
-  return internal::TileScratch::FloatsFor(problem.head_dim) * static_cast<int64_t>(sizeof(float));
+  return internal::ScratchFloats(problem.head_dim, internal::MaxKvLength(problem)) *
+         static_cast<int64_t>(sizeof(float));
 }
 
 }  // namespace attnserve::core

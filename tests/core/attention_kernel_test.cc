@@ -301,8 +301,9 @@ TEST(AttentionKernelDispatchTest, RunAttentionMatchesTheOracle) {
   ExpectMatchesReference(pr, "RunAttention");
 }
 
-TEST(AttentionKernelDispatchTest, ScratchDoesNotGrowWithSequenceLength) {
-  // 32768 causal tokens, 8 heads of 64: the per-thread scratch is a few tiles, not [S, S].
+TEST(AttentionKernelDispatchTest, ScratchGrowsLinearlyWithSequenceLength) {
+  // 32768 causal tokens, 8 heads of 64: the per-thread scratch is a few tiles and one head's
+  // keys and values (16 MiB), not [S, S] (4 GiB).
   std::vector<int64_t> lengths = {32768}, offsets = {0};
   AttentionProblem p;
   p.q_lengths = lengths;
@@ -312,7 +313,7 @@ TEST(AttentionKernelDispatchTest, ScratchDoesNotGrowWithSequenceLength) {
   p.num_heads = 8;
   p.head_dim = 64;
   p.causal = true;
-  EXPECT_LT(AttentionScratchBytes(p), int64_t{1} << 20);
+  EXPECT_LT(AttentionScratchBytes(p), int64_t{20} << 20);
 }
 
 }  // namespace
