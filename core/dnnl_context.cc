@@ -129,11 +129,17 @@ void* ScratchBuffer::Get(size_t bytes) {
 void ScratchBuffer::Free::operator()(void* p) const { std::free(p); }
 
 int64_t ThreadScratch::bytes() const {
-  const ScratchBuffer* all[] = {&input,       &context, &qkv,       &kv,
-                                &attention,   &attention16, &output, &scratchpad};
+  const ScratchBuffer* all[] = {&input,     &context,     &qkv,       &kv,
+                                &attention, &attention16, &scratchpad};
   int64_t total = 0;
   for (const ScratchBuffer* b : all) total += static_cast<int64_t>(b->capacity());
   return total;
+}
+
+void ThreadScratch::Release() {
+  for (ScratchBuffer* b : {&input, &context, &qkv, &kv, &attention, &attention16, &scratchpad}) {
+    b->Release();
+  }
 }
 
 ThreadScratch& GetThreadScratch() {

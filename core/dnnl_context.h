@@ -72,6 +72,11 @@ class ScratchBuffer {
     return static_cast<T*>(Get(static_cast<size_t>(count) * sizeof(T)));
   }
   size_t capacity() const { return capacity_; }
+  // Frees the memory (the next Get allocates again).
+  void Release() {
+    data_.reset();
+    capacity_ = 0;
+  }
 
  private:
   struct Free {
@@ -90,11 +95,12 @@ struct ThreadScratch {
   ScratchBuffer kv;          // K|V rows of the context
   ScratchBuffer attention;   // the attention result, [tokens, inner]
   ScratchBuffer attention16; // its bf16 copy for the output projection
-  ScratchBuffer output;      // the output projection before it is scattered to the caller
   ScratchBuffer scratchpad;  // oneDNN's (scratchpad_mode::user)
 
   // Bytes held by all of them (reported by the benchmark).
   int64_t bytes() const;
+  // Frees them all, e.g. so a benchmark can measure one shape's needs.
+  void Release();
 };
 
 // The calling thread's scratch.

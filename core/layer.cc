@@ -481,7 +481,8 @@ absl::Status Layer::Impl::RunProjectedAttention(const ForwardArgs& args, std::sp
     for (int64_t r = 0; r < rows; ++r) ConvertToBf16(attended + r * inner, a16 + r * inner, inner);
     a = a16;
   }
-  float* y = direct_out ? output.data() : scratch.output.As<float>(rows * spec.d_model);
+  // The packed input is no longer needed: its buffer holds the projected rows.
+  float* y = direct_out ? output.data() : scratch.input.As<float>(rows * spec.d_model);
   if (absl::Status s = Project(Out(), rows, a, y, scratch); !s.ok()) return s;
   ScatterRows(input, q_offsets, y, spec.d_model, output);
   return absl::OkStatus();
