@@ -57,8 +57,8 @@ absl::StatusOr<ServedModel*> ModelRegistry::Find(absl::string_view name) const {
   return absl::NotFoundError(absl::StrCat("no model '", name, "'; loaded: ", Names()));
 }
 
-void ModelRegistry::Drain() {
-  for (const auto& model : models_) model->scheduler->Drain();
+void ModelRegistry::Drain(std::chrono::steady_clock::time_point deadline) {
+  for (const auto& model : models_) model->scheduler->Drain(deadline);
 }
 
 std::string ModelRegistry::Names() const {

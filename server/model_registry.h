@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,8 +37,10 @@ class ModelRegistry {
   // Every model, in the order they were given.
   const std::vector<std::unique_ptr<ServedModel>>& models() const { return models_; }
 
-  // Drains every scheduler: queued and running calls finish, new ones are refused.
-  void Drain();
+  // Drains every scheduler: queued and running calls finish (those still queued at `deadline`
+  // are refused), new ones are refused.
+  void Drain(std::chrono::steady_clock::time_point deadline =
+                 std::chrono::steady_clock::time_point::max());
 
  private:
   ModelRegistry() = default;

@@ -74,10 +74,11 @@ void Scheduler::Submit(std::unique_ptr<Job> job) {
   cv_.notify_one();
 }
 
-void Scheduler::Drain() {
+void Scheduler::Drain(std::chrono::steady_clock::time_point deadline) {
   {
     std::lock_guard lock(mu_);
     closed_ = true;
+    drain_deadline_ = std::min(drain_deadline_, deadline);
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
@@ -125,9 +126,16 @@ std::vector<std::unique_ptr<Job>> Scheduler::TakeBatchLocked() {
 
 void Scheduler::RunBatch(std::vector<std::unique_ptr<Job>> jobs) {
   // Calls whose caller left or whose deadline passed while queued are answered, not computed.
+  bool grace_over = false;
+  {
+    std::lock_guard lock(mu_);
+    grace_over = closed_ && std::chrono::steady_clock::now() > drain_deadline_;
+  }
   std::vector<std::unique_ptr<Job>> live;
   for (auto& job : jobs) {
-    absl::Status alive = job->CheckAlive();
+    absl::Status alive = grace_over ? absl::UnavailableError(
+                                          "the server shut down before the call could run")
+                                    : job->CheckAlive();
     if (alive.ok()) {
       live.push_back(std::move(job));
     } else {

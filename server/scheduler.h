@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -62,8 +63,10 @@ class Scheduler {
   // finished with that status instead. Never blocks on compute.
   void Submit(std::unique_ptr<Job> job);
 
-  // Refuses new jobs, lets every queued and running one finish, then stops the worker.
-  void Drain();
+  // Refuses new jobs, lets every queued and running one finish, then stops the worker. Jobs
+  // still queued after `deadline` are answered Unavailable instead of computed.
+  void Drain(std::chrono::steady_clock::time_point deadline =
+                 std::chrono::steady_clock::time_point::max());
 
   // Jobs waiting (not the ones running).
   int queued() const;
@@ -84,6 +87,8 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Job>> queue_;  // guarded by mu_
   bool closed_ = false;                     // guarded by mu_
+  std::chrono::steady_clock::time_point drain_deadline_ =
+      std::chrono::steady_clock::time_point::max();  // guarded by mu_
   std::thread worker_;
 };
 

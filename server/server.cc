@@ -19,6 +19,8 @@
 namespace attnserve::server {
 namespace {
 
+constexpr std::chrono::milliseconds kFlushTime(1000);
+
 // Writes the port through a temporary file and a rename, so a reader never sees half of it.
 absl::Status WritePortFile(const std::string& path, int port) {
   const std::string tmp = path + ".tmp";
@@ -100,8 +102,10 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   // Load balancers first, so they stop sending; then refuse what still arrives.
   SetHealth(grpc_server_.get(), false);
   service_->StopAccepting();
-  registry_->Drain();
-  grpc_server_->Shutdown(std::chrono::system_clock::now() + grace);
+  registry_->Drain(std::chrono::steady_clock::now() + grace);
+  // Every accepted call is answered by now; gRPC only has replies to flush. It would otherwise
+  // wait out the whole grace for idle client connections to close.
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::min(grace, kFlushTime));
   grpc_server_->Wait();
   Log(LogLevel::kInfo, "stopped", {{"address", address_}});
 }

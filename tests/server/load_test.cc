@@ -1,0 +1,178 @@
+// Concurrency and limits: many callers at once, message size limits, a full queue, deadlines
+// and cancellation while queued. Every call gets exactly one answer.
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/common/golden.h"
+#include "tests/server/test_util.h"
+
+namespace attnserve::server::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::system_clock;
+
+// A demo-layer call big enough to keep the worker busy for a while: [batch, seq, 256].
+v1::ForwardRequest HeavyDemoCall(int64_t batch, int64_t seq) {
+  std::vector<float> values(batch * seq * 256);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::cos(0.001f * static_cast<float>(i));
+  v1::ForwardRequest r;
+  r.set_model("demo");
+  r.set_kind(v1::ATTENTION_KIND_BIDIRECTIONAL);
+  *r.mutable_input() = MakeTensor({batch, seq, 256}, values, true);
+  return r;
+}
+
+ServerOptions DemoOptions() {
+  ServerOptions options;
+  ModelConfig demo;
+  demo.name = "demo";
+  options.models = {demo};
+  return options;
+}
+
+TEST(LoadTest, ThirtyTwoConcurrentCallersAllGetCorrectAnswers) {
+  auto loaded = test::LoadGoldenCases();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::vector<test::GoldenCase> cases;
+  for (auto& c : *loaded) {
+    if (c.input.seq_len <= 64) cases.push_back(std::move(c));  // the small cases: many calls
+  }
+  ASSERT_FALSE(cases.empty());
+  ServerOptions options;
+  options.models = GoldenModels(cases);
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+
+  constexpr int kCallers = 32, kCallsEach = 6;
+  std::atomic<int> ok{0};
+  std::atomic<int> ready{0};
+  std::vector<std::string> failures(kCallers);
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kCallers; ++t) {
+    callers.emplace_back([&, t] {
+      auto stub = v1::AttentionService::NewStub(Connect(server->port()));
+      ready.fetch_add(1);
+      while (ready.load() < kCallers) std::this_thread::yield();  // start together
+      for (int i = 0; i < kCallsEach; ++i) {
+        const test::GoldenCase& c = cases[(t * kCallsEach + i) % cases.size()];
+        const Encoding encoding{(t + i) % 2 == 0, (t + i) % 3 == 0};
+        v1::ForwardResponse response;
+        grpc::ClientContext context;
+        context.set_deadline(system_clock::now() + std::chrono::seconds(30));
+        const grpc::Status status =
+            stub->Forward(&context, GoldenRequest(c, encoding, false), &response);
+        std::string diff = status.ok() ? CompareToGolden(c, encoding, response)
+                                       : "status " + status.error_message();
+        if (diff.empty()) {
+          ok.fetch_add(1);
+        } else if (failures[t].empty()) {
+          failures[t] = c.name + ": " + diff;
+        }
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  for (const std::string& f : failures) EXPECT_EQ(f, "");
+  EXPECT_EQ(ok.load(), kCallers * kCallsEach);
+}
+
+TEST(LoadTest, RequestOverTheMessageLimitIsResourceExhausted) {
+  ServerOptions options = DemoOptions();
+  options.max_message_mib = 1;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::AttentionService::NewStub(Connect(server->port()));
+  {
+    v1::ForwardResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status = stub->Forward(&context, HeavyDemoCall(2, 1024), &response);  // 2 MiB
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  }
+  {
+    // A small request whose reply (the attention probabilities) would be over the limit.
+    v1::ForwardRequest request = HeavyDemoCall(1, 512);
+    request.set_return_attention(true);  // 4 heads x 512 x 512 floats = 4 MiB
+    v1::ForwardResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status = stub->Forward(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  }
+  v1::ForwardResponse response;
+  grpc::ClientContext context;
+  EXPECT_TRUE(stub->Forward(&context, HeavyDemoCall(1, 16), &response).ok());
+}
+
+// Fires `n` calls at once from their own threads; their status codes.
+std::vector<grpc::StatusCode> FireTogether(int port, int n, const v1::ForwardRequest& request,
+                                           milliseconds deadline) {
+  std::vector<grpc::StatusCode> codes(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = v1::AttentionService::NewStub(Connect(port));
+      v1::ForwardResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(system_clock::now() + deadline);
+      codes[i] = stub->Forward(&context, request, &response).error_code();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return codes;
+}
+
+TEST(LoadTest, AFullQueueAnswersResourceExhaustedAndTheRestSucceed) {
+  ServerOptions options = DemoOptions();
+  options.max_queue = 1;
+  options.max_batch_tokens = 0;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const auto codes =
+      FireTogether(server->port(), 12, HeavyDemoCall(4, 256), std::chrono::seconds(30));
+  int ok = 0, exhausted = 0;
+  for (grpc::StatusCode code : codes) {
+    ok += code == grpc::StatusCode::OK;
+    exhausted += code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  }
+  EXPECT_EQ(ok + exhausted, 12);
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(exhausted, 1);
+}
+
+TEST(LoadTest, DeadlinesAndCancellationWhileQueuedAreAnswered) {
+  std::unique_ptr<Server> server = StartServer(DemoOptions());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::AttentionService::NewStub(Connect(server->port()));
+  // Keep the worker busy, then queue calls that expire or are cancelled behind it.
+  std::thread busy([&] {
+    FireTogether(server->port(), 2, HeavyDemoCall(8, 512), std::chrono::seconds(30));
+  });
+  std::this_thread::sleep_for(milliseconds(30));
+  const auto expired = FireTogether(server->port(), 4, HeavyDemoCall(1, 64), milliseconds(20));
+  for (grpc::StatusCode code : expired) EXPECT_EQ(code, grpc::StatusCode::DEADLINE_EXCEEDED);
+  {
+    v1::ForwardResponse response;
+    grpc::ClientContext context;
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(milliseconds(20));
+      context.TryCancel();
+    });
+    const grpc::Status status = stub->Forward(&context, HeavyDemoCall(1, 64), &response);
+    canceller.join();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  }
+  busy.join();
+  v1::ForwardResponse response;
+  grpc::ClientContext context;
+  EXPECT_TRUE(stub->Forward(&context, HeavyDemoCall(1, 64), &response).ok());
+}
+
+}  // namespace
+}  // namespace attnserve::server::testing

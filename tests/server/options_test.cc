@@ -1,0 +1,59 @@
+// Unit tests of the parts that need no server: --model parsing, option checks, status mapping.
+
+#include "gtest/gtest.h"
+#include "server/grpc_status.h"
+#include "server/options.h"
+
+namespace attnserve::server {
+namespace {
+
+TEST(ParseModelFlagTest, NameAndPath) {
+  auto m = ParseModelFlag("enc=/models/layer.safetensors");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->name, "enc");
+  EXPECT_EQ(m->path, "/models/layer.safetensors");
+  EXPECT_FALSE(m->load.num_heads.has_value());
+  EXPECT_EQ(m->precision, core::Precision::kF32);
+}
+
+TEST(ParseModelFlagTest, EveryOption) {
+  auto m = ParseModelFlag("x=/m/a:b.safetensors:num_heads=12:prefix=encoder.layers.0.:precision=bf16");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->path, "/m/a:b.safetensors");  // a ':' inside PATH survives
+  EXPECT_EQ(m->load.num_heads, 12);
+  EXPECT_EQ(m->load.prefix, "encoder.layers.0.");
+  EXPECT_EQ(m->precision, core::Precision::kBF16);
+}
+
+TEST(ParseModelFlagTest, Refusals) {
+  for (const char* bad : {"noequals", "=path", "name=", "x=p:num_heads=0", "x=p:num_heads=abc",
+                          "x=p:precision=f16", "x=:num_heads=2"}) {
+    EXPECT_EQ(ParseModelFlag(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(CheckOptionsTest, RefusesBadListenAndDuplicates) {
+  ServerOptions o;
+  EXPECT_TRUE(CheckOptions(o).ok());
+  o.listen = "no-port";
+  EXPECT_FALSE(CheckOptions(o).ok());
+  o.listen = "localhost:70000";
+  EXPECT_FALSE(CheckOptions(o).ok());
+  o.listen = "[::]:0";
+  EXPECT_TRUE(CheckOptions(o).ok());
+  o.models.resize(2);
+  o.models[0].name = o.models[1].name = "same";
+  EXPECT_FALSE(CheckOptions(o).ok());
+}
+
+TEST(GrpcStatusTest, SameCodeAndMessage) {
+  const grpc::Status s = ToGrpcStatus(absl::NotFoundError("no model 'x'"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), "no model 'x'");
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("full")).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+}  // namespace
+}  // namespace attnserve::server

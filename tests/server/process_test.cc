@@ -1,0 +1,164 @@
+// The real attnserve binary as a process: graceful SIGTERM with calls in flight, start-up
+// failures, JSON logs, --help.
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/server/test_util.h"
+
+namespace attnserve::server::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+v1::ForwardRequest DemoCall(int64_t batch, int64_t seq) {
+  std::vector<float> values(batch * seq * 256);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.002f * static_cast<float>(i));
+  v1::ForwardRequest r;
+  r.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  *r.mutable_input() = MakeTensor({batch, seq, 256}, values, true);
+  return r;
+}
+
+TEST(ProcessTest, SigtermFinishesCallsInFlightAndExitsZero) {
+  const std::string port_file = TempPath("sigterm.port");
+  ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--log-level", "info",
+                     "--max-batch-tokens", "0"},
+                    TempPath("sigterm.log"));
+  const int port = child.WaitForPort(port_file, seconds(20));
+  ASSERT_GT(port, 0) << child.Output();
+
+  constexpr int kCalls = 12;
+  std::vector<grpc::StatusCode> codes(kCalls, grpc::StatusCode::UNKNOWN);
+  std::vector<bool> answered_correctly(kCalls, false);
+  std::atomic<int> started{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCalls; ++i) {
+    callers.emplace_back([&, i] {
+      auto stub = v1::AttentionService::NewStub(Connect(port));
+      if (i >= kCalls / 2) std::this_thread::sleep_for(milliseconds(300));  // after SIGTERM
+      started.fetch_add(1);
+      v1::ForwardResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + seconds(30));
+      const grpc::Status status = stub->Forward(&context, DemoCall(4, 256), &response);
+      codes[i] = status.error_code();
+      if (status.ok()) {
+        const std::string& raw = response.output().raw();
+        bool finite = raw.size() == 4 * 256 * 256 * sizeof(float);
+        for (size_t k = 0; finite && k < raw.size(); k += 4) {
+          float v;
+          std::memcpy(&v, raw.data() + k, 4);
+          finite = std::isfinite(v);
+        }
+        answered_correctly[i] = finite;
+      }
+    });
+  }
+  while (started.load() < kCalls / 2) std::this_thread::yield();
+  std::this_thread::sleep_for(milliseconds(100));  // the first calls are queued or running
+  child.Signal(SIGTERM);
+  for (auto& t : callers) t.join();
+  const int exit_code = child.Wait(seconds(30));
+  EXPECT_EQ(exit_code, 0) << child.Output();
+
+  int ok = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    EXPECT_TRUE(codes[i] == grpc::StatusCode::OK || codes[i] == grpc::StatusCode::UNAVAILABLE)
+        << "call " << i << " got " << codes[i];
+    if (codes[i] == grpc::StatusCode::OK) {
+      ++ok;
+      EXPECT_TRUE(answered_correctly[i]) << "call " << i;
+    }
+  }
+  EXPECT_GE(ok, 1) << "no call was in flight when SIGTERM came";
+  for (int i = kCalls / 2; i < kCalls; ++i) EXPECT_EQ(codes[i], grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(child.Output().find("shutting down"), std::string::npos) << child.Output();
+}
+
+TEST(ProcessTest, AModelThatFailsToLoadStopsStartUpWithTheLoadersMessage) {
+  {
+    ChildServer child({"--listen", "127.0.0.1:0", "--model", "x=/nonexistent/w.safetensors"},
+                      TempPath("missing.log"));
+    EXPECT_NE(child.Wait(seconds(20)), 0);
+    EXPECT_NE(child.Output().find("/nonexistent/w.safetensors"), std::string::npos)
+        << child.Output();
+  }
+  {
+    const std::string garbage = TempPath("garbage.safetensors");
+    std::ofstream(garbage) << "this is not a safetensors file";
+    ChildServer child({"--listen", "127.0.0.1:0", "--model", "g=" + garbage},
+                      TempPath("garbage.log"));
+    EXPECT_NE(child.Wait(seconds(20)), 0);
+    EXPECT_NE(child.Output().find(garbage), std::string::npos) << child.Output();
+  }
+  {
+    ChildServer child({"--model", "bad-flag-without-path"}, TempPath("badflag.log"));
+    EXPECT_NE(child.Wait(seconds(20)), 0);
+    EXPECT_NE(child.Output().find("NAME=PATH"), std::string::npos) << child.Output();
+  }
+}
+
+TEST(ProcessTest, JsonLogsAreOneObjectPerLine) {
+  const std::string port_file = TempPath("json.port");
+  ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--log-format", "json",
+                     "--log-level", "debug"},
+                    TempPath("json.log"));
+  const int port = child.WaitForPort(port_file, seconds(20));
+  ASSERT_GT(port, 0) << child.Output();
+  auto stub = v1::AttentionService::NewStub(Connect(port));
+  {
+    v1::ForwardResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->Forward(&context, DemoCall(1, 8), &response).ok());
+  }
+  child.Signal(SIGINT);
+  EXPECT_EQ(child.Wait(seconds(20)), 0);
+  std::istringstream lines(child.Output());
+  std::string line;
+  bool saw_forward = false, saw_listening = false;
+  int count = 0;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    ++count;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << line;
+    EXPECT_TRUE(j.contains("ts") && j.contains("level") && j.contains("msg")) << line;
+    if (j.value("msg", "") == "forward") {
+      saw_forward = true;
+      EXPECT_EQ(j.value("model", ""), "demo");
+      EXPECT_EQ(j.value("tokens", 0), 8);
+    }
+    if (j.value("msg", "") == "attnserve listening") {
+      saw_listening = true;
+      EXPECT_TRUE(j.contains("onednn") && j.contains("isa")) << line;
+    }
+  }
+  EXPECT_GT(count, 2);
+  EXPECT_TRUE(saw_forward && saw_listening) << child.Output();
+}
+
+TEST(ProcessTest, HelpDocumentsTheModelOptions) {
+  ChildServer child({"--help"}, TempPath("help.log"));
+  EXPECT_EQ(child.Wait(seconds(20)), 0);
+  const std::string help = child.Output();
+  for (const char* flag : {"--listen", "--model", "num_heads=N", "prefix=P", "precision=f32|bf16",
+                           "--threads", "--log-level", "--log-format", "--max-message-mib",
+                           "--port-file", "--max-queue"}) {
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
+  }
+}
+
+}  // namespace
+}  // namespace attnserve::server::testing

@@ -1,0 +1,93 @@
+#pragma once
+
+// Helpers of the service tests: real servers at localhost:0, real channels, request builders,
+// health and reflection calls through gRPC's generic stub, and child processes of the real
+// attnserve binary.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "attnserve/v1/attention.grpc.pb.h"
+#include "grpcpp/channel.h"
+#include "server/options.h"
+#include "server/server.h"
+#include "tests/common/golden.h"
+
+namespace attnserve::server::testing {
+
+// Starts a quiet server at localhost:0 with `options` (listen address overridden).
+std::unique_ptr<Server> StartServer(ServerOptions options);
+
+// A channel to `port` on localhost without client-side message limits.
+std::shared_ptr<grpc::Channel> Connect(int port);
+
+// A tensor of `shape` holding `values`, as raw bytes or as repeated floats.
+v1::Tensor MakeTensor(const std::vector<int64_t>& shape, const std::vector<float>& values,
+                      bool raw);
+
+// The floats of `tensor`, whichever encoding it uses.
+std::vector<float> TensorValues(const v1::Tensor& tensor);
+
+// The server-side model name used for the golden cases' weights file `weights_path`.
+std::string GoldenModelName(const test::GoldenCase& c);
+
+// Model configs serving every distinct weights file of `cases`, named by GoldenModelName.
+std::vector<ModelConfig> GoldenModels(const std::vector<test::GoldenCase>& cases);
+
+// How a golden case goes on the wire.
+struct Encoding {
+  bool packed = false;
+  bool raw = false;
+};
+
+// The request for golden case `c` in `encoding`.
+v1::ForwardRequest GoldenRequest(const test::GoldenCase& c, Encoding encoding,
+                                 bool return_attention);
+
+// Empty when `response` matches the case's PyTorch expectations within tolerance, else what
+// differs (first mismatch).
+std::string CompareToGolden(const test::GoldenCase& c, Encoding encoding,
+                            const v1::ForwardResponse& response);
+
+// grpc.health.v1.Health/Check for `service`: the serving status number (1 SERVING,
+// 2 NOT_SERVING), or the call's failure.
+absl::StatusOr<int> HealthCheck(grpc::Channel* channel, const std::string& service);
+
+// The services server reflection lists.
+absl::StatusOr<std::vector<std::string>> ReflectionServices(grpc::Channel* channel);
+
+// A child process of the real attnserve binary, its stdout and stderr in one file.
+class ChildServer {
+ public:
+  // Starts attnserve with `args`; `port_file` is added when not empty.
+  ChildServer(const std::vector<std::string>& args, const std::string& output_path);
+  ~ChildServer();
+
+  // Waits for the port file to appear; 0 when it did not within `timeout`.
+  int WaitForPort(const std::string& port_file, std::chrono::milliseconds timeout);
+
+  // Sends `signal` to the child.
+  void Signal(int signal);
+
+  // Waits for the child to exit; its exit code, or -1 if killed by a signal or not exited
+  // within `timeout` (then it is killed).
+  int Wait(std::chrono::milliseconds timeout);
+
+  // Everything the child wrote so far.
+  std::string Output() const;
+
+ private:
+  pid_t pid_ = -1;
+  std::string output_path_;
+};
+
+// A fresh path in the test's temporary directory.
+std::string TempPath(const std::string& name);
+
+}  // namespace attnserve::server::testing
