@@ -51,17 +51,20 @@ ATTNSERVE_AVX512_INLINE __m512 Exp2(__m512 x) {
 // Transposes the 16 x 16 block in r[0..15] in place (unpack, in-lane shuffle, two lane shuffles).
 ATTNSERVE_AVX512_INLINE void Transpose16x16(__m512* r) {
   __m512 t[16], u[16];
+#pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
   // u[4i + m], 128-bit lane k: column 4k + m of rows 4i..4i+3.
+#pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
     u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
     u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
     u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
     u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
   }
+#pragma GCC unroll 4
   for (int m = 0; m < 4; ++m) {
     const __m512 even_lo = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
     const __m512 even_hi = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
@@ -88,6 +91,7 @@ ATTNSERVE_AVX512 void PackQueries(const float* q, int64_t q_stride, int rows, in
     for (int c0 = 0; c0 < head_dim; c0 += kLanes) {
       const __mmask16 cols = FirstLanes(head_dim - c0);
       __m512 block[kLanes];
+#pragma GCC unroll 16
       for (int i = 0; i < kLanes; ++i) {
         const int r = v * kLanes + i;
         if (r >= rows) {
@@ -99,8 +103,12 @@ ATTNSERVE_AVX512 void PackQueries(const float* q, int64_t q_stride, int rows, in
         }
       }
       Transpose16x16(block);
-      for (int c = 0; c < kLanes && c0 + c < head_dim; ++c) {
-        _mm512_store_ps(q_t + (c0 + c) * kTileRows + v * kLanes, _mm512_mul_ps(block[c], f));
+      // Constant trip counts, tests inside: the block stays in registers.
+#pragma GCC unroll 16
+      for (int c = 0; c < kLanes; ++c) {
+        if (c0 + c < head_dim) {
+          _mm512_store_ps(q_t + (c0 + c) * kTileRows + v * kLanes, _mm512_mul_ps(block[c], f));
+        }
       }
     }
   }
@@ -113,6 +121,7 @@ ATTNSERVE_AVX512 void StoreOutput(const float* out_t, const float* inv_sum, int 
     for (int c0 = 0; c0 < head_dim; c0 += kLanes) {
       const __mmask16 cols = FirstLanes(head_dim - c0);
       __m512 block[kLanes];
+#pragma GCC unroll 16
       for (int c = 0; c < kLanes; ++c) {
         block[c] = c0 + c < head_dim
                        ? _mm512_mul_ps(_mm512_load_ps(out_t + (c0 + c) * kTileRows + v * kLanes),
@@ -122,7 +131,9 @@ ATTNSERVE_AVX512 void StoreOutput(const float* out_t, const float* inv_sum, int 
       Transpose16x16(block);
       // Masked stores that miss the cache stall far longer than plain ones: use them for the
       // last columns only.
-      for (int i = 0; i < kLanes && v * kLanes + i < rows; ++i) {
+#pragma GCC unroll 16
+      for (int i = 0; i < kLanes; ++i) {
+        if (v * kLanes + i >= rows) break;
         float* row = out + (v * kLanes + i) * out_stride + c0;
         if (cols == 0xFFFF) {
           _mm512_storeu_ps(row, block[i]);
