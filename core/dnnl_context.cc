@@ -18,10 +18,10 @@ using dt = dnnl::memory::data_type;
 using Dims = dnnl::memory::dims;
 
 // std::map key: the fields of MatmulKey in order.
-using KeyTuple = std::tuple<int64_t, int64_t, int64_t, bool, bool>;
+using KeyTuple = std::tuple<int64_t, int64_t, int64_t, bool, bool, int>;
 
 KeyTuple AsTuple(const MatmulKey& key) {
-  return {key.m, key.k, key.n, key.bf16, key.bias};
+  return {key.m, key.k, key.n, key.bf16, key.bias, key.threads};
 }
 
 // Builds the primitive. Row strides are fixed (only M may be runtime): runtime strides make

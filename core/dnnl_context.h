@@ -27,6 +27,7 @@ struct MatmulKey {
   int64_t n = 0;
   bool bf16 = false;
   bool bias = false;
+  int threads = 0;  // OpenMP team it was made for: oneDNN fixes its work split at creation
 
   bool operator==(const MatmulKey&) const = default;
 };

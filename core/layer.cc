@@ -5,6 +5,8 @@
 
 #include "core/layer.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -30,6 +32,15 @@ constexpr int64_t kMaxElements = int64_t{1} << 32;
 // are rounded up to a few buckets, each a primitive of its own.
 constexpr int64_t kRuntimeRowsFrom = 1024;
 
+// Below this many floats touched, a copy loop runs on one thread: starting an OpenMP team
+// costs more than it saves, and on a loaded machine a descheduled team member stalls it.
+constexpr int64_t kParallelFloats = int64_t{1} << 16;
+
+// Calls with less useful work than this (~0.3 ms on one core) run on the calling thread alone:
+// every OpenMP region of the call (ours, oneDNN's, the kernel's) would wait for the whole team,
+// and on a shared machine that wait was measured at tens of ms for the 16-token shape.
+constexpr double kSerialFlops = 4e7;
+
 // The rows the matmuls run on for `rows` valid tokens (padding rows of the buckets are zeros).
 int64_t MatmulRows(int64_t rows) {
   if (rows >= kRuntimeRowsFrom) return rows;
@@ -51,7 +62,8 @@ absl::Status CheckFinite(const char* what, const RaggedBatch& batch) {
   const int64_t rows = batch.packed() ? batch.total_length() : batch.rows();
   const int64_t width = batch.width;
   int64_t bad_row = -1;
-#pragma omp parallel for schedule(static) reduction(max : bad_row)
+#pragma omp parallel for schedule(static) reduction(max : bad_row) \
+    if (rows * width > kParallelFloats)
   for (int64_t r = 0; r < rows; ++r) {
     if (!batch.packed() && r % batch.padded_length >= batch.lengths[r / batch.padded_length]) {
       continue;  // padding is never read, so its contents do not matter
@@ -154,7 +166,7 @@ const void* PackRows(const RaggedBatch& batch, std::span<const int64_t> offsets,
   char* out = static_cast<char*>(buffer.Get(rows * width * element));
   const int64_t src_rows = batch.packed() ? valid : batch.rows();
   const int64_t padded = batch.padded_length;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (src_rows * width > kParallelFloats)
   for (int64_t r = 0; r < src_rows; ++r) {
     int64_t dst = r;
     if (!batch.packed()) {
@@ -184,8 +196,9 @@ void ScatterRows(const RaggedBatch& batch, std::span<const int64_t> offsets, con
     return;
   }
   const int64_t padded = batch.padded_length;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < batch.rows(); ++r) {
+  const int64_t rows_out = batch.rows();
+#pragma omp parallel for schedule(static) if (rows_out * width > kParallelFloats)
+  for (int64_t r = 0; r < rows_out; ++r) {
     const int64_t b = r / padded, i = r % padded;
     float* dst = output.data() + r * width;
     if (i < batch.lengths[b]) {
@@ -209,7 +222,7 @@ struct Projection {
 absl::Status Project(const Projection& p, int64_t rows, const void* x, float* y,
                      ThreadScratch& scratch) {
   MatmulKey key{rows >= kRuntimeRowsFrom ? DNNL_RUNTIME_DIM_VAL : rows, p.k, p.n, p.bf16,
-                p.bias != nullptr};
+                p.bias != nullptr, omp_get_max_threads()};
   absl::StatusOr<std::shared_ptr<const CachedMatmul>> matmul = GetMatmul(key);
   if (!matmul.ok()) return matmul.status();
   void* scratchpad = scratch.scratchpad.Get((*matmul)->scratchpad_bytes);
@@ -221,6 +234,39 @@ absl::Status Project(const Projection& p, int64_t rows, const void* x, float* y,
 void ZeroTail(float* data, int64_t valid, int64_t rows, int64_t width) {
   std::memset(data + valid * width, 0, (rows - valid) * width * sizeof(float));
 }
+
+// Useful FLOPs of a valid call, as DESIGN.md counts them (no padding, causal halves).
+double CallFlops(const LayerSpec& spec, const ForwardArgs& args) {
+  const RaggedBatch& kv = args.context ? *args.context : args.input;
+  const double inner = static_cast<double>(spec.inner());
+  double pairs = 0;
+  for (int64_t b = 0; b < args.input.batch(); ++b) {
+    pairs += static_cast<double>(args.input.lengths[b]) * static_cast<double>(kv.lengths[b]);
+  }
+  const double q = static_cast<double>(args.input.total_length());
+  const double k = static_cast<double>(kv.total_length());
+  const double d = static_cast<double>(spec.d_model);
+  return 2 * q * d * inner + 4 * k * static_cast<double>(spec.d_context) * inner +
+         (IsCausal(args.kind) ? 2 : 4) * pairs * inner +
+         (spec.has_output_projection ? 2 * q * inner * d : 0);
+}
+
+// Runs the calling thread's OpenMP regions with `threads` threads for a scope (0: unchanged).
+class ScopedOmpThreads {
+ public:
+  explicit ScopedOmpThreads(int threads) : saved_(omp_get_max_threads()), set_(threads > 0) {
+    if (set_) omp_set_num_threads(threads);
+  }
+  ~ScopedOmpThreads() {
+    if (set_) omp_set_num_threads(saved_);
+  }
+  ScopedOmpThreads(const ScopedOmpThreads&) = delete;
+  ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
+
+ private:
+  int saved_;
+  bool set_;
+};
 
 }  // namespace
 
@@ -385,6 +431,8 @@ absl::Status Layer::Forward(const ForwardArgs& args, std::span<float> output,
                                                    " floats, the call needs ",
                                                    shapes.attention_size()));
   }
+  // Tiny calls: one thread (the team's start-up and barriers would cost more than they save).
+  ScopedOmpThreads threads(CallFlops(impl_->spec, args) < kSerialFlops ? 1 : 0);
   try {
     return impl_->Run(args, output, attention);
   } catch (const dnnl::error& e) {
@@ -477,7 +525,7 @@ absl::Status Layer::Impl::RunProjectedAttention(const ForwardArgs& args, std::sp
   const void* a = attended;
   if (bf16()) {
     uint16_t* a16 = scratch.attention16.As<uint16_t>(rows * inner);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * inner > kParallelFloats)
     for (int64_t r = 0; r < rows; ++r) ConvertToBf16(attended + r * inner, a16 + r * inner, inner);
     a = a16;
   }
