@@ -62,6 +62,39 @@ absl::Status CheckSources(const SideFlags& side, bool wanted) {
   return absl::OkStatus();
 }
 
+// Reads or makes one side's array and parses its lengths.
+absl::Status LoadSideInto(const SideFlags& side, int64_t width, uint64_t seed, FloatArray& array,
+                          std::vector<int32_t>& lengths) {
+  absl::StatusOr<std::vector<int32_t>> parsed = ParseIntList(side.lengths);
+  if (!parsed.ok()) return parsed.status();
+  lengths = *std::move(parsed);
+  absl::StatusOr<FloatArray> loaded = LoadSide(side, width, seed);
+  if (!loaded.ok()) return loaded.status();
+  array = *std::move(loaded);
+  return absl::OkStatus();
+}
+
+// Fills the call's input and, for the cross kinds, its context, from files or at random.
+absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, bool cross,
+                        ForwardCall& call) {
+  const SideFlags input{"input", flags.input, flags.random, flags.lengths};
+  const SideFlags context{"context", flags.context, flags.context_random, flags.context_lengths};
+  if (absl::Status s = CheckSources(input, true); !s.ok()) return s;
+  if (absl::Status s = CheckSources(context, cross); !s.ok()) return s;
+  // Random arrays take their widths from the model the call goes to.
+  v1::ModelInfo model;
+  if (!flags.random.empty() || !flags.context_random.empty()) {
+    absl::StatusOr<v1::ModelInfo> found = client.FindModel(flags.model);
+    if (!found.ok()) return found.status();
+    model = *std::move(found);
+  }
+  absl::Status s = LoadSideInto(input, model.d_model(), flags.seed, call.input, call.lengths);
+  if (!s.ok() || !cross) return s;
+  call.context.emplace();
+  return LoadSideInto(context, model.d_context(), flags.seed + 1, *call.context,
+                      call.context_lengths);
+}
+
 }  // namespace
 
 absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags) {
@@ -75,32 +108,7 @@ absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const Ca
   call.kind = *kind;
   call.encoding = *encoding;
   const bool cross = *kind == v1::ATTENTION_KIND_CROSS || *kind == v1::ATTENTION_KIND_CAUSAL_CROSS;
-  const SideFlags input{"input", flags.input, flags.random, flags.lengths};
-  const SideFlags context{"context", flags.context, flags.context_random, flags.context_lengths};
-  if (absl::Status s = CheckSources(input, true); !s.ok()) return s;
-  if (absl::Status s = CheckSources(context, cross); !s.ok()) return s;
-
-  // Random arrays take their widths from the model the call goes to.
-  v1::ModelInfo model;
-  if (!flags.random.empty() || !flags.context_random.empty()) {
-    absl::StatusOr<v1::ModelInfo> found = client.FindModel(flags.model);
-    if (!found.ok()) return found.status();
-    model = *std::move(found);
-  }
-  absl::StatusOr<std::vector<int32_t>> lengths = ParseIntList(flags.lengths);
-  if (!lengths.ok()) return lengths.status();
-  call.lengths = *std::move(lengths);
-  absl::StatusOr<FloatArray> array = LoadSide(input, model.d_model(), flags.seed);
-  if (!array.ok()) return array.status();
-  call.input = *std::move(array);
-  if (cross) {
-    absl::StatusOr<std::vector<int32_t>> ctx_lengths = ParseIntList(flags.context_lengths);
-    if (!ctx_lengths.ok()) return ctx_lengths.status();
-    call.context_lengths = *std::move(ctx_lengths);
-    absl::StatusOr<FloatArray> ctx = LoadSide(context, model.d_context(), flags.seed + 1);
-    if (!ctx.ok()) return ctx.status();
-    call.context = *std::move(ctx);
-  }
+  if (absl::Status s = LoadArrays(client, flags, cross, call); !s.ok()) return s;
   if (!flags.packed) return prepared;
 
   absl::StatusOr<int64_t> unpack_to = PackSide(call.input, call.lengths);
