@@ -1,11 +1,11 @@
 #include "core/dnnl_context.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <new>
-#include <algorithm>
 #include <map>
 #include <mutex>
+#include <new>
 #include <tuple>
 #include <unordered_map>
 
@@ -80,12 +80,12 @@ void ExecuteMatmul(const CachedMatmul& matmul, const MatmulArgs& args) {
   const dt in_type = key.bf16 ? dt::bf16 : dt::f32;
   const dnnl::engine& engine = CpuEngine();
   // Memory objects only wrap the caller's pointers (no allocation of data).
-  const dnnl::memory x(dnnl::memory::desc(Dims{args.rows, key.k}, in_type, Dims{key.k, 1}),
-                       engine, const_cast<void*>(args.x));
+  const dnnl::memory x(dnnl::memory::desc(Dims{args.rows, key.k}, in_type, Dims{key.k, 1}), engine,
+                       const_cast<void*>(args.x));
   const dnnl::memory w(dnnl::memory::desc(Dims{key.k, key.n}, in_type, Dims{1, key.k}), engine,
                        const_cast<void*>(args.weights));
-  const dnnl::memory y(dnnl::memory::desc(Dims{args.rows, key.n}, dt::f32, Dims{key.n, 1}),
-                       engine, args.y);
+  const dnnl::memory y(dnnl::memory::desc(Dims{args.rows, key.n}, dt::f32, Dims{key.n, 1}), engine,
+                       args.y);
   std::unordered_map<int, dnnl::memory> exec_args = {
       {DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, y}};
   if (key.bias) {
@@ -129,8 +129,7 @@ void* ScratchBuffer::Get(size_t bytes) {
 void ScratchBuffer::Free::operator()(void* p) const { std::free(p); }
 
 int64_t ThreadScratch::bytes() const {
-  const ScratchBuffer* all[] = {&input,     &context,     &qkv,       &kv,
-                                &attention, &attention16, &scratchpad};
+  const ScratchBuffer* all[] = {&input, &context, &qkv, &kv, &attention, &attention16, &scratchpad};
   int64_t total = 0;
   for (const ScratchBuffer* b : all) total += static_cast<int64_t>(b->capacity());
   return total;

@@ -38,7 +38,7 @@ struct CachedMatmul {
   dnnl::matmul primitive;
   dnnl::memory::desc scratchpad_md;  // the caller provides it (scratchpad_mode::user)
   size_t scratchpad_bytes = 0;
-  std::string implementation;   // oneDNN's name for what it picked, e.g. "brg:avx512_core"
+  std::string implementation;  // oneDNN's name for what it picked, e.g. "brg:avx512_core"
 };
 
 // The primitive for `key`, created at first use and cached for the life of the process.
@@ -90,13 +90,13 @@ class ScratchBuffer {
 // The buffers of one thread's Layer::Forward calls, kept between calls (thread_local, so
 // concurrent calls on one Layer never share scratch).
 struct ThreadScratch {
-  ScratchBuffer input;       // the valid tokens of the input, packed (and bf16 when asked)
-  ScratchBuffer context;     // the same for a cross context
-  ScratchBuffer qkv;         // Q|K|V rows for self kinds, Q rows for cross kinds
-  ScratchBuffer kv;          // K|V rows of the context
-  ScratchBuffer attention;   // the attention result, [tokens, inner]
-  ScratchBuffer attention16; // its bf16 copy for the output projection
-  ScratchBuffer scratchpad;  // oneDNN's (scratchpad_mode::user)
+  ScratchBuffer input;        // the valid tokens of the input, packed (and bf16 when asked)
+  ScratchBuffer context;      // the same for a cross context
+  ScratchBuffer qkv;          // Q|K|V rows for self kinds, Q rows for cross kinds
+  ScratchBuffer kv;           // K|V rows of the context
+  ScratchBuffer attention;    // the attention result, [tokens, inner]
+  ScratchBuffer attention16;  // its bf16 copy for the output projection
+  ScratchBuffer scratchpad;   // oneDNN's (scratchpad_mode::user)
 
   // Bytes held by all of them (reported by the benchmark).
   int64_t bytes() const;

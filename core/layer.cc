@@ -62,8 +62,8 @@ absl::Status CheckFinite(const char* what, const RaggedBatch& batch) {
   const int64_t rows = batch.packed() ? batch.total_length() : batch.rows();
   const int64_t width = batch.width;
   int64_t bad_row = -1;
-#pragma omp parallel for schedule(static) reduction(max : bad_row) \
-    if (rows * width > kParallelFloats)
+#pragma omp parallel for schedule(static) reduction(max \
+                                                    : bad_row) if (rows * width > kParallelFloats)
   for (int64_t r = 0; r < rows; ++r) {
     if (!batch.packed() && r % batch.padded_length >= batch.lengths[r / batch.padded_length]) {
       continue;  // padding is never read, so its contents do not matter
@@ -77,8 +77,8 @@ absl::Status CheckFinite(const char* what, const RaggedBatch& batch) {
   if (bad_row < 0) return absl::OkStatus();
   int64_t column = 0;
   while (std::isfinite(batch.data[bad_row * width + column])) ++column;
-  return absl::InvalidArgumentError(absl::StrCat(what, " row ", bad_row, " column ", column,
-                                                 " is not finite"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " row ", bad_row, " column ", column, " is not finite"));
 }
 
 // Width, padded length, lengths, sizes and data of one batch of a call.
@@ -106,12 +106,11 @@ absl::Status CheckBatch(const char* what, const RaggedBatch& batch, int64_t widt
     total += std::min(length, kMaxElements);  // both < 2^33: the sum cannot overflow
     if (total > kMaxElements) break;
   }
-  const int64_t rows =
-      batch.packed() ? total : CheckedProduct(batch.batch(), batch.padded_length);
+  const int64_t rows = batch.packed() ? total : CheckedProduct(batch.batch(), batch.padded_length);
   if (total > kMaxElements || rows < 0 || CheckedProduct(rows, std::max<int64_t>(width, 1)) < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " is too large: ", batch.batch(), " sequences, padded length ",
-                     batch.padded_length, ", width ", width));
+    return absl::InvalidArgumentError(absl::StrCat(what, " is too large: ", batch.batch(),
+                                                   " sequences, padded length ",
+                                                   batch.padded_length, ", width ", width));
   }
   if (batch.data == nullptr && rows > 0 && width > 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, " data is null but has ", rows, " rows"));
@@ -128,9 +127,8 @@ absl::Status CheckCallSize(const LayerSpec& spec, const ForwardArgs& args) {
   const int64_t widest = std::max({3 * spec.inner(), spec.d_model, spec.d_output()});
   int64_t probabilities = 0;
   if (args.return_attention) {
-    probabilities = CheckedProduct(
-        CheckedProduct(args.input.batch(), spec.num_heads),
-        CheckedProduct(args.input.view_length(), kv.view_length()));
+    probabilities = CheckedProduct(CheckedProduct(args.input.batch(), spec.num_heads),
+                                   CheckedProduct(args.input.view_length(), kv.view_length()));
     if (probabilities < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "attention probabilities of ", args.input.batch(), " x ", spec.num_heads, " x ",
@@ -138,8 +136,8 @@ absl::Status CheckCallSize(const LayerSpec& spec, const ForwardArgs& args) {
     }
   }
   if (CheckedProduct(tokens, widest) < 0 || CheckedProduct(kv_tokens, 2 * spec.inner()) < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("call too large: ", tokens, " tokens, ",
-                                                   kv_tokens, " context tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("call too large: ", tokens, " tokens, ", kv_tokens, " context tokens"));
   }
   return absl::OkStatus();
 }
@@ -209,6 +207,15 @@ void ScatterRows(const RaggedBatch& batch, std::span<const int64_t> offsets, con
   }
 }
 
+// One call's batches in packed form, shared by the steps of Forward.
+struct PackedCall {
+  const RaggedBatch* input = nullptr;
+  const RaggedBatch* kv = nullptr;  // the context for cross kinds, else the input
+  std::vector<int64_t> q_offsets, kv_offsets;
+  int64_t tokens = 0;  // valid query tokens
+  int64_t rows = 0;    // the rows the query-side matmuls run on (MatmulRows(tokens))
+};
+
 // One projection as the matmul sees it: W [n, k] (f32 or bf16), bias f32 [n] or null.
 struct Projection {
   const void* weights = nullptr;
@@ -221,8 +228,12 @@ struct Projection {
 // y[rows, n] = x[rows, k] W^T + b. `rows` must come from MatmulRows.
 absl::Status Project(const Projection& p, int64_t rows, const void* x, float* y,
                      ThreadScratch& scratch) {
-  MatmulKey key{rows >= kRuntimeRowsFrom ? DNNL_RUNTIME_DIM_VAL : rows, p.k, p.n, p.bf16,
-                p.bias != nullptr, omp_get_max_threads()};
+  MatmulKey key{rows >= kRuntimeRowsFrom ? DNNL_RUNTIME_DIM_VAL : rows,
+                p.k,
+                p.n,
+                p.bf16,
+                p.bias != nullptr,
+                omp_get_max_threads()};
   absl::StatusOr<std::shared_ptr<const CachedMatmul>> matmul = GetMatmul(key);
   if (!matmul.ok()) return matmul.status();
   void* scratchpad = scratch.scratchpad.Get((*matmul)->scratchpad_bytes);
@@ -309,6 +320,15 @@ struct Layer::Impl {
                    std::span<float> attention) const;
   absl::Status RunProjectedAttention(const ForwardArgs& args, std::span<float> output,
                                      std::span<float> attention) const;
+  // Q, K, V of the self kinds: one matmul over the packed input; fills problem's q, k, v.
+  absl::Status ProjectSelf(const PackedCall& call, ThreadScratch& scratch,
+                           AttentionProblem& problem) const;
+  // Q from the input, K|V from the context.
+  absl::Status ProjectCross(const PackedCall& call, ThreadScratch& scratch,
+                            AttentionProblem& problem) const;
+  // y = attended W_o^T + b_o over the packed rows; y is the caller's buffer or (null) scratch.
+  absl::Status ProjectOutput(const PackedCall& call, float* attended, ThreadScratch& scratch,
+                             float*& y) const;
 };
 
 namespace {
@@ -375,16 +395,18 @@ absl::Status Layer::Validate(const ForwardArgs& args) const {
   }
   const bool cross = IsCross(kind);
   if (cross && !args.context) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(KindName(kind)), " attention needs a context"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(KindName(kind)), " attention needs a context"));
   }
   if (!cross && args.context) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(KindName(kind)), " attention takes no context (only the cross kinds do)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(KindName(kind)), " attention takes no context (only the cross kinds do)"));
   }
   if (!cross && !spec.serves_self_attention()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(KindName(kind)), " attention needs d_context == d_model; this layer has d_context ",
-        spec.d_context, " != d_model ", spec.d_model, " (cross kinds only)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(KindName(kind)),
+                     " attention needs d_context == d_model; this layer has d_context ",
+                     spec.d_context, " != d_model ", spec.d_model, " (cross kinds only)"));
   }
   if (absl::Status s = CheckBatch("input", args.input, spec.d_model, "d_model"); !s.ok()) {
     return s;
@@ -392,8 +414,8 @@ absl::Status Layer::Validate(const ForwardArgs& args) const {
   if (cross) {
     const RaggedBatch& context = *args.context;
     if (context.batch() != args.input.batch()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "context batch ", context.batch(), " != input batch ", args.input.batch()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("context batch ", context.batch(), " != input batch ", args.input.batch()));
     }
     if (absl::Status s = CheckBatch("context", context, spec.d_context, "d_context"); !s.ok()) {
       return s;
@@ -422,9 +444,8 @@ absl::Status Layer::Forward(const ForwardArgs& args, std::span<float> output,
   if (absl::Status s = Validate(args); !s.ok()) return s;
   const ForwardShapes shapes = Shapes(args);
   if (static_cast<int64_t>(output.size()) != shapes.output_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("output buffer has ", output.size(),
-                                                   " floats, the call needs ",
-                                                   shapes.output_size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output buffer has ", output.size(), " floats, the call needs ", shapes.output_size()));
   }
   if (static_cast<int64_t>(attention.size()) != shapes.attention_size()) {
     return absl::InvalidArgumentError(absl::StrCat("attention buffer has ", attention.size(),
@@ -457,83 +478,106 @@ absl::Status Layer::Impl::Run(const ForwardArgs& args, std::span<float> output,
 
 absl::Status Layer::Impl::RunProjectedAttention(const ForwardArgs& args, std::span<float> output,
                                                 std::span<float> attention) const {
+  PackedCall call;
+  call.input = &args.input;
+  call.kv = IsCross(args.kind) ? &*args.context : &args.input;
+  call.q_offsets = PackedOffsets(args.input.lengths);
+  call.kv_offsets = IsCross(args.kind) ? PackedOffsets(call.kv->lengths) : call.q_offsets;
+  call.tokens = args.input.total_length();
+  call.rows = MatmulRows(call.tokens);
   ThreadScratch& scratch = GetThreadScratch();
-  const RaggedBatch& input = args.input;
-  const bool cross = IsCross(args.kind);
-  const RaggedBatch& kv = cross ? *args.context : input;
-  const int64_t inner = spec.inner();
-  const std::vector<int64_t> q_offsets = PackedOffsets(input.lengths);
-  const std::vector<int64_t> kv_offsets = cross ? PackedOffsets(kv.lengths) : q_offsets;
-  const int64_t tokens = input.total_length();
-  const int64_t rows = MatmulRows(tokens);
 
   // 1. Projections of the valid tokens only.
   AttentionProblem problem;
-  const void* x = PackRows(input, q_offsets, rows, bf16(), scratch.input);
-  if (!cross) {
-    float* qkv = scratch.qkv.As<float>(rows * 3 * inner);
-    if (absl::Status s = Project(QKV(), rows, x, qkv, scratch); !s.ok()) return s;
-    problem.q = qkv;
-    problem.k = qkv + inner;
-    problem.v = qkv + 2 * inner;
-    problem.q_stride = problem.k_stride = problem.v_stride = 3 * inner;
-  } else {
-    float* q = scratch.qkv.As<float>(rows * inner);
-    if (absl::Status s = Project(Q(), rows, x, q, scratch); !s.ok()) return s;
-    const int64_t kv_tokens = kv.total_length();
-    const int64_t kv_rows = MatmulRows(kv_tokens);
-    float* kv_out = scratch.kv.As<float>(std::max<int64_t>(kv_rows, 1) * 2 * inner);
-    if (kv_tokens > 0) {
-      const void* c = PackRows(kv, kv_offsets, kv_rows, bf16(), scratch.context);
-      if (absl::Status s = Project(KV(), kv_rows, c, kv_out, scratch); !s.ok()) return s;
-    }
-    problem.q = q;
-    problem.q_stride = inner;
-    problem.k = kv_out;
-    problem.v = kv_out + inner;
-    problem.k_stride = problem.v_stride = 2 * inner;
-  }
+  absl::Status s = IsCross(args.kind) ? ProjectCross(call, scratch, problem)
+                                      : ProjectSelf(call, scratch, problem);
+  if (!s.ok()) return s;
 
   // 2. Attention into packed rows; straight into the caller's buffer when nothing follows.
-  const bool direct_out = input.packed() && rows == tokens;
+  const int64_t inner = spec.inner();
+  const bool direct_out = call.input->packed() && call.rows == call.tokens;
   float* attended = !spec.has_output_projection && direct_out
                         ? output.data()
-                        : scratch.attention.As<float>(rows * inner);
+                        : scratch.attention.As<float>(call.rows * inner);
   problem.out = attended;
   problem.out_stride = inner;
-  problem.q_lengths = input.lengths;
-  problem.q_offsets = q_offsets;
-  problem.kv_lengths = kv.lengths;
-  problem.kv_offsets = kv_offsets;
+  problem.q_lengths = call.input->lengths;
+  problem.q_offsets = call.q_offsets;
+  problem.kv_lengths = call.kv->lengths;
+  problem.kv_offsets = call.kv_offsets;
   problem.num_heads = spec.num_heads;
   problem.head_dim = spec.head_dim;
   problem.causal = IsCausal(args.kind);
   problem.scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
   if (!attention.empty()) {
     problem.probs = attention.data();
-    problem.probs_q_len = input.view_length();
-    problem.probs_kv_len = kv.view_length();
+    problem.probs_q_len = call.input->view_length();
+    problem.probs_kv_len = call.kv->view_length();
   }
   RunAttention(problem);
   if (!spec.has_output_projection) {
-    ScatterRows(input, q_offsets, attended, inner, output);
+    ScatterRows(*call.input, call.q_offsets, attended, inner, output);
     return absl::OkStatus();
   }
 
   // 3. Output projection (bias in the primitive), then back to the caller's layout.
-  ZeroTail(attended, tokens, rows, inner);
+  float* y = direct_out ? output.data() : nullptr;
+  s = ProjectOutput(call, attended, scratch, y);
+  if (!s.ok()) return s;
+  ScatterRows(*call.input, call.q_offsets, y, spec.d_model, output);
+  return absl::OkStatus();
+}
+
+absl::Status Layer::Impl::ProjectSelf(const PackedCall& call, ThreadScratch& scratch,
+                                      AttentionProblem& problem) const {
+  const int64_t inner = spec.inner();
+  const void* x = PackRows(*call.input, call.q_offsets, call.rows, bf16(), scratch.input);
+  float* qkv = scratch.qkv.As<float>(call.rows * 3 * inner);
+  if (absl::Status s = Project(QKV(), call.rows, x, qkv, scratch); !s.ok()) return s;
+  problem.q = qkv;
+  problem.k = qkv + inner;
+  problem.v = qkv + 2 * inner;
+  problem.q_stride = problem.k_stride = problem.v_stride = 3 * inner;
+  return absl::OkStatus();
+}
+
+absl::Status Layer::Impl::ProjectCross(const PackedCall& call, ThreadScratch& scratch,
+                                       AttentionProblem& problem) const {
+  const int64_t inner = spec.inner();
+  const void* x = PackRows(*call.input, call.q_offsets, call.rows, bf16(), scratch.input);
+  float* q = scratch.qkv.As<float>(call.rows * inner);
+  if (absl::Status s = Project(Q(), call.rows, x, q, scratch); !s.ok()) return s;
+  const int64_t kv_tokens = call.kv->total_length();
+  const int64_t kv_rows = MatmulRows(kv_tokens);
+  // At least one row, so that K and V point somewhere even for an empty context.
+  float* kv = scratch.kv.As<float>(std::max<int64_t>(kv_rows, 1) * 2 * inner);
+  if (kv_tokens > 0) {
+    const void* c = PackRows(*call.kv, call.kv_offsets, kv_rows, bf16(), scratch.context);
+    if (absl::Status s = Project(KV(), kv_rows, c, kv, scratch); !s.ok()) return s;
+  }
+  problem.q = q;
+  problem.q_stride = inner;
+  problem.k = kv;
+  problem.v = kv + inner;
+  problem.k_stride = problem.v_stride = 2 * inner;
+  return absl::OkStatus();
+}
+
+absl::Status Layer::Impl::ProjectOutput(const PackedCall& call, float* attended,
+                                        ThreadScratch& scratch, float*& y) const {
+  const int64_t inner = spec.inner();
+  ZeroTail(attended, call.tokens, call.rows, inner);
   const void* a = attended;
   if (bf16()) {
-    uint16_t* a16 = scratch.attention16.As<uint16_t>(rows * inner);
+    uint16_t* a16 = scratch.attention16.As<uint16_t>(call.rows * inner);
+    const int64_t rows = call.rows;
 #pragma omp parallel for schedule(static) if (rows * inner > kParallelFloats)
     for (int64_t r = 0; r < rows; ++r) ConvertToBf16(attended + r * inner, a16 + r * inner, inner);
     a = a16;
   }
   // The packed input is no longer needed: its buffer holds the projected rows.
-  float* y = direct_out ? output.data() : scratch.input.As<float>(rows * spec.d_model);
-  if (absl::Status s = Project(Out(), rows, a, y, scratch); !s.ok()) return s;
-  ScatterRows(input, q_offsets, y, spec.d_model, output);
-  return absl::OkStatus();
+  if (y == nullptr) y = scratch.input.As<float>(call.rows * spec.d_model);
+  return Project(Out(), call.rows, a, y, scratch);
 }
 
 }  // namespace attnserve::core

@@ -42,8 +42,7 @@ double MedianMs(const std::function<void()>& fn, int reps) {
   for (int r = 0; r < reps; ++r) {
     const auto start = std::chrono::steady_clock::now();
     fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                           start)
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                      .count());
   }
   std::sort(ms.begin(), ms.end());
@@ -57,8 +56,8 @@ double PeakGflops(int reps) {
   using tag = dnnl::memory::format_tag;
   const dnnl::memory::desc md({n, n}, dnnl::memory::data_type::f32, tag::ab);
   try {
-    const dnnl::matmul matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md),
-                                                           core::CpuEngine()));
+    const dnnl::matmul matmul(
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), core::CpuEngine()));
     std::vector<float> a = RandomValues(n * n, 1), b = RandomValues(n * n, 2), c(n * n);
     const dnnl::engine& engine = core::CpuEngine();
     dnnl::memory a_mem(md, engine, a.data()), b_mem(md, engine, b.data()),
@@ -103,8 +102,8 @@ absl::StatusOr<Result> RunShape(const Shape& shape, core::Precision precision, i
   args.input = {input.data(), shape.d_model, shape.lengths, shape.padded};
   if (core::IsCross(shape.kind)) {
     context = RandomValues(batch * shape.kv_padded * shape.d_context, 12);
-    args.context = core::RaggedBatch{context.data(), shape.d_context, shape.kv_lengths,
-                                     shape.kv_padded};
+    args.context =
+        core::RaggedBatch{context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded};
   }
   std::vector<float> output((*layer)->Shapes(args).output_size());
   absl::Status status;

@@ -13,8 +13,8 @@ namespace {
 using core::AttentionKind;
 
 // A shape of `batch` sequences of `length` tokens each (self kinds: keys = queries).
-Shape Uniform(std::string name, AttentionKind kind, int64_t batch, int64_t length,
-              int64_t d_model, int64_t heads) {
+Shape Uniform(std::string name, AttentionKind kind, int64_t batch, int64_t length, int64_t d_model,
+              int64_t heads) {
   Shape s;
   s.name = std::move(name);
   s.kind = kind;
@@ -83,7 +83,8 @@ std::string ShapeNames() {
 }
 
 double UsefulFlops(const Shape& s) {
-  const double d = static_cast<double>(s.d_model), inner = d, ctx = static_cast<double>(s.d_context);
+  const double d = static_cast<double>(s.d_model), inner = d,
+               ctx = static_cast<double>(s.d_context);
   const double attention_share = core::IsCausal(s.kind) ? 0.5 : 1.0;
   double flops = 0;
   for (size_t b = 0; b < s.lengths.size(); ++b) {

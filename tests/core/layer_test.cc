@@ -408,11 +408,11 @@ TEST(LayerGoldenTest, Bf16MatchesPyTorch) {
     ASSERT_TRUE(layer.ok()) << golden.name << ": " << layer.status();
     ForwardArgs args;
     args.kind = golden.kind;
-    args.input = Padded(golden.input.values, golden.input.width, golden.input.lengths,
-                        golden.input.seq_len);
+    args.input =
+        Padded(golden.input.values, golden.input.width, golden.input.lengths, golden.input.seq_len);
     if (golden.context) {
-      args.context = Padded(golden.context->values, golden.context->width,
-                            golden.context->lengths, golden.context->seq_len);
+      args.context = Padded(golden.context->values, golden.context->width, golden.context->lengths,
+                            golden.context->seq_len);
     }
     std::vector<float> out((*layer)->Shapes(args).output_size());
     absl::Status s = (*layer)->Forward(args, out);
