@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <numbers>
 #include <vector>
 
@@ -70,27 +71,37 @@ int64_t ScratchFloats(int64_t head_dim, int64_t max_kv) {
   return (2 * head_dim + kKeyBlock + 4) * kTileRows + 2 * max_kv * head_dim;
 }
 
-// Per-thread storage kept across calls: OpenMP reuses its threads, so steady-state calls
-// neither allocate nor fault in pages.
-float* ThreadStorage(int64_t floats) {
+// Scratch of every thread of the team, owned by the calling thread and kept across its calls
+// (steady-state calls neither allocate nor fault in pages). Allocated before the parallel
+// region, so that running out of memory throws std::bad_alloc to the caller instead of
+// terminating inside OpenMP; per calling thread, so concurrent callers never share it.
+float* TeamStorage(int64_t floats) {
   struct Free {
     void operator()(float* f) const { std::free(f); }
   };
   thread_local std::unique_ptr<float, Free> storage;
   thread_local int64_t capacity = 0;
   if (capacity < floats) {
-    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+    storage.reset();
+    capacity = 0;
+    const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
     storage.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    if (storage == nullptr) throw std::bad_alloc();
     capacity = floats;
   }
   return storage.get();
 }
 
-// The per-thread buffers, carved out of ThreadStorage, 64-byte aligned.
+// Per-thread scratch rounded to whole cache lines, so every thread's slice stays aligned.
+int64_t SliceFloats(int64_t head_dim, int64_t max_kv) {
+  return (ScratchFloats(head_dim, max_kv) + 15) / 16 * 16;
+}
+
+// One thread's buffers, carved out of its slice of TeamStorage, 64-byte aligned.
 struct TileScratch {
-  TileScratch(int64_t head_dim, int64_t max_kv) {
+  TileScratch(float* slice, int64_t head_dim, int64_t max_kv) {
     const int64_t tile = head_dim * kTileRows;
-    q_t = ThreadStorage(ScratchFloats(head_dim, max_kv));
+    q_t = slice;
     out_t = q_t + tile;
     scores_t = out_t + tile;
     max = scores_t + kKeyBlock * kTileRows;
@@ -177,7 +188,7 @@ void StoreProbs(const AttentionProblem& p, const Rows& t, int vecs, const TileKe
 
 // Zeroes the probability rows of padded queries, which belong to no tile.
 void ZeroPaddedProbRows(const AttentionProblem& p, int64_t b, int64_t h) {
-  const int64_t first = p.q_lengths[b];
+  const int64_t first = std::min(p.q_lengths[b], p.probs_q_len);
   float* rows = p.probs + ((b * p.num_heads + h) * p.probs_q_len + first) * p.probs_kv_len;
   std::fill(rows, rows + (p.probs_q_len - first) * p.probs_kv_len, 0.0f);
 }
@@ -202,8 +213,8 @@ void RunTask(const AttentionProblem& p, const Rows& task, const TileKernels& ker
              TileScratch& s) {
   PackKeysValues(p, task, KeyEnd(p, task), s);
   for (int64_t row0 = task.row0; row0 < task.row0 + task.rows; row0 += kTileRows) {
-    const Rows tile{task.b, task.h, row0, std::min<int64_t>(kTileRows, task.row0 + task.rows - row0)};
-    RunTile(p, tile, kernels, s);
+    const int64_t rows = std::min<int64_t>(kTileRows, task.row0 + task.rows - row0);
+    RunTile(p, Rows{task.b, task.h, row0, rows}, kernels, s);
   }
 }
 
@@ -218,17 +229,23 @@ int64_t MaxKvLength(const AttentionProblem& p) {
 
 void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels) {
   const std::vector<Rows> tasks = MakeTasks(p, omp_get_max_threads());
+  if (tasks.empty() && p.probs == nullptr) return;
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   const int64_t pairs = static_cast<int64_t>(p.q_lengths.size()) * p.num_heads;
   const int64_t max_kv = MaxKvLength(p);
-#pragma omp parallel
+  const int threads = omp_get_max_threads();
+  const int64_t slice = SliceFloats(p.head_dim, max_kv);
+  float* storage = TeamStorage(slice * threads);
+#pragma omp parallel num_threads(threads)
   {
-    TileScratch scratch(p.head_dim, max_kv);
+    TileScratch scratch(storage + omp_get_thread_num() * slice, p.head_dim, max_kv);
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t i = 0; i < num_tasks; ++i) RunTask(p, tasks[i], kernels, scratch);
     if (p.probs != nullptr) {
 #pragma omp for schedule(static)
-      for (int64_t bh = 0; bh < pairs; ++bh) ZeroPaddedProbRows(p, bh / p.num_heads, bh % p.num_heads);
+      for (int64_t bh = 0; bh < pairs; ++bh) {
+        ZeroPaddedProbRows(p, bh / p.num_heads, bh % p.num_heads);
+      }
     }
   }
 }
@@ -258,7 +275,7 @@ void RunAttention(const AttentionProblem& problem) {
 }
 
 int64_t AttentionScratchBytes(const AttentionProblem& problem) {
-  return internal::ScratchFloats(problem.head_dim, internal::MaxKvLength(problem)) *
+  return internal::SliceFloats(problem.head_dim, internal::MaxKvLength(problem)) *
          static_cast<int64_t>(sizeof(float));
 }
 

@@ -147,7 +147,9 @@ ATTNSERVE_AVX512 void StoreOutput(const float* out_t, const float* inv_sum, int 
 
 // Asks for one row of a head's slice (head_dim floats) to be brought into cache.
 ATTNSERVE_AVX512_INLINE void PrefetchRow(const float* row, int head_dim) {
-  for (int c = 0; c < head_dim; c += kLanes) _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
+  for (int c = 0; c < head_dim; c += kLanes) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
+  }
 }
 
 // Lanes r of vector v that key j may be seen by: r >= diag + j (all lanes when not causal).
