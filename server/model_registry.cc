@@ -57,6 +57,12 @@ absl::StatusOr<ServedModel*> ModelRegistry::Find(absl::string_view name) const {
   return absl::NotFoundError(absl::StrCat("no model '", name, "'; loaded: ", Names()));
 }
 
+int ModelRegistry::pending() const {
+  int total = 0;
+  for (const auto& model : models_) total += model->scheduler->pending();
+  return total;
+}
+
 void ModelRegistry::Drain(std::chrono::steady_clock::time_point deadline) {
   for (const auto& model : models_) model->scheduler->Drain(deadline);
 }

@@ -37,6 +37,9 @@ class ModelRegistry {
   // Every model, in the order they were given.
   const std::vector<std::unique_ptr<ServedModel>>& models() const { return models_; }
 
+  // Calls accepted and not yet answered, over every model.
+  int pending() const;
+
   // Drains every scheduler: queued and running calls finish (those still queued at `deadline`
   // are refused), new ones are refused.
   void Drain(std::chrono::steady_clock::time_point deadline =

@@ -65,12 +65,14 @@ void Scheduler::Submit(std::unique_ptr<Job> job) {
           "model '", model_name_, "' has ", queue_.size(), " calls queued (--max-queue)"));
     } else {
       queue_.push_back(std::move(job));
+      pending_.fetch_add(1);
     }
   }
   if (!refused.ok()) {
     job->Finish(refused, 0);
     return;
   }
+  Log(LogLevel::kTrace, "forward queued", {{"model", model_name_}, {"pending", pending()}});
   cv_.notify_one();
 }
 
@@ -84,11 +86,6 @@ void Scheduler::Drain(std::chrono::steady_clock::time_point deadline) {
   if (worker_.joinable()) worker_.join();
 }
 
-int Scheduler::queued() const {
-  std::lock_guard lock(mu_);
-  return static_cast<int>(queue_.size());
-}
-
 void Scheduler::WorkerLoop() {
   // OpenMP keeps the thread count per thread: set it on the thread that computes.
   core::SetComputeThreads(options_.compute_threads);
@@ -100,7 +97,9 @@ void Scheduler::WorkerLoop() {
       if (queue_.empty()) return;  // closed and everything answered
       jobs = TakeBatchLocked();
     }
+    const int taken = static_cast<int>(jobs.size());
     RunBatch(std::move(jobs));
+    pending_.fetch_sub(taken);
   }
 }
 

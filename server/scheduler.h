@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -68,8 +69,8 @@ class Scheduler {
   void Drain(std::chrono::steady_clock::time_point deadline =
                  std::chrono::steady_clock::time_point::max());
 
-  // Jobs waiting (not the ones running).
-  int queued() const;
+  // Jobs accepted and not yet answered: queued or running.
+  int pending() const { return pending_.load(); }
 
  private:
   void WorkerLoop();
@@ -89,6 +90,7 @@ class Scheduler {
   bool closed_ = false;                     // guarded by mu_
   std::chrono::steady_clock::time_point drain_deadline_ =
       std::chrono::steady_clock::time_point::max();  // guarded by mu_
+  std::atomic<int> pending_{0};
   std::thread worker_;
 };
 

@@ -36,6 +36,9 @@ class Server {
   // HOST:PORT as bound.
   const std::string& address() const { return address_; }
 
+  // Calls accepted and not yet answered (queued or computing), over every model.
+  int pending_calls() const { return registry_->pending(); }
+
   // Graceful stop: health NOT_SERVING, new calls UNAVAILABLE, queued and running calls finish,
   // then gRPC shuts down, cancelling what is left after `grace`. Idempotent.
   void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(30));

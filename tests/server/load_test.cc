@@ -154,7 +154,9 @@ TEST(LoadTest, DeadlinesAndCancellationWhileQueuedAreAnswered) {
   std::thread busy([&] {
     FireTogether(server->port(), 2, HeavyDemoCall(8, 512), std::chrono::seconds(30));
   });
-  std::this_thread::sleep_for(milliseconds(30));
+  for (int i = 0; i < 2000 && server->pending_calls() < 2; ++i) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
   const auto expired = FireTogether(server->port(), 4, HeavyDemoCall(1, 64), milliseconds(20));
   for (grpc::StatusCode code : expired) EXPECT_EQ(code, grpc::StatusCode::DEADLINE_EXCEEDED);
   {
@@ -172,6 +174,44 @@ TEST(LoadTest, DeadlinesAndCancellationWhileQueuedAreAnswered) {
   v1::ForwardResponse response;
   grpc::ClientContext context;
   EXPECT_TRUE(stub->Forward(&context, HeavyDemoCall(1, 64), &response).ok());
+}
+
+TEST(ShutdownTest, HealthGoesNotServingNewCallsAreRefusedQueuedCallsFinish) {
+  ServerOptions options = DemoOptions();
+  options.max_batch_tokens = 0;  // queued calls run one by one: the drain takes a while
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  std::vector<grpc::StatusCode> queued;
+  std::thread callers([&] {
+    queued = FireTogether(port, 4, HeavyDemoCall(8, 512), std::chrono::seconds(30));
+  });
+  for (int i = 0; i < 2000 && server->pending_calls() < 4; ++i) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_EQ(server->pending_calls(), 4) << "the calls were answered before shutdown began";
+  std::thread stopper([&] { server->Shutdown(std::chrono::seconds(30)); });
+
+  auto channel = Connect(port);
+  auto stub = v1::AttentionService::NewStub(channel);
+  bool saw_not_serving = false, saw_refusal = false;
+  for (int i = 0; i < 200 && !(saw_not_serving && saw_refusal); ++i) {
+    absl::StatusOr<int> health = HealthCheck(channel.get(), kServiceName);
+    if (!health.ok()) break;  // the server is gone
+    if (*health == 2) {
+      saw_not_serving = true;
+      v1::ForwardResponse response;
+      grpc::ClientContext context;
+      saw_refusal = stub->Forward(&context, HeavyDemoCall(1, 8), &response).error_code() ==
+                    grpc::StatusCode::UNAVAILABLE;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  stopper.join();
+  callers.join();
+  EXPECT_TRUE(saw_not_serving);
+  EXPECT_TRUE(saw_refusal);
+  for (grpc::StatusCode code : queued) EXPECT_EQ(code, grpc::StatusCode::OK);
 }
 
 }  // namespace
