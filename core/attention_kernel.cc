@@ -123,6 +123,14 @@ struct TileScratch {
   float* v;  // packed values
 };
 
+// Where a tile reads its (sequence, head)'s keys and values: packed scratch or the input.
+struct KeysValues {
+  const float* k;
+  int64_t k_stride;
+  const float* v;
+  int64_t v_stride;
+};
+
 // Copies the first key_end keys and values of (b, h) into the scratch, rows back to back. In
 // fused QKV layouts rows are a page or more apart: every tile reading them there would pay a
 // TLB miss per row and per tile; packed, a task pays it once per row.
@@ -143,8 +151,8 @@ void PackKeysValues(const AttentionProblem& p, const Rows& t, int64_t key_end, T
 
 // Runs the online softmax over every visible key block of the packed keys and values; leaves
 // O^T, max and sum.
-void RunKeyBlocks(const AttentionProblem& p, const Rows& t, int vecs, const TileKernels& kernels,
-                  TileScratch& s) {
+void RunKeyBlocks(const AttentionProblem& p, const Rows& t, int vecs, const KeysValues& kv,
+                  const TileKernels& kernels, TileScratch& s) {
   const int64_t d = p.head_dim;
   std::fill(s.out_t, s.out_t + d * kTileRows, 0.0f);
   std::fill(s.max, s.max + kTileRows, kNoKeyYet);
@@ -153,27 +161,30 @@ void RunKeyBlocks(const AttentionProblem& p, const Rows& t, int vecs, const Tile
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
     const int64_t diag = j0 - t.row0;
-    const NextBlock next{s.k + (j0 + kKeyBlock) * d, d, s.v + (j0 + kKeyBlock) * d, d,
+    const int64_t j1 = j0 + kKeyBlock;
+    const NextBlock next{kv.k + j1 * kv.k_stride, kv.k_stride, kv.v + j1 * kv.v_stride,
+                         kv.v_stride,
                          static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0 - num_keys))};
-    kernels.score(s.q_t, vecs, static_cast<int>(d), s.k + j0 * d, d, num_keys, next, s.scores_t);
+    kernels.score(s.q_t, vecs, static_cast<int>(d), kv.k + j0 * kv.k_stride, kv.k_stride,
+                  num_keys, next, s.scores_t);
     kernels.softmax(s.scores_t, vecs, num_keys, p.causal, diag, s.max, s.sum, s.alpha);
-    kernels.accumulate(s.scores_t, vecs, num_keys, s.v + j0 * d, d, static_cast<int>(d),
-                       s.alpha, s.out_t);
+    kernels.accumulate(s.scores_t, vecs, num_keys, kv.v + j0 * kv.v_stride, kv.v_stride,
+                       static_cast<int>(d), s.alpha, s.out_t);
   }
   for (int r = 0; r < kTileRows; ++r) s.inv_sum[r] = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;
 }
 
 // Recomputes the scores of the tile block by block with the final max and sum and writes the
 // probabilities, every entry of the tile's rows included (masked and padded ones as 0).
-void StoreProbs(const AttentionProblem& p, const Rows& t, int vecs, const TileKernels& kernels,
-                TileScratch& s) {
+void StoreProbs(const AttentionProblem& p, const Rows& t, int vecs, const KeysValues& kv,
+                const TileKernels& kernels, TileScratch& s) {
   const int64_t d = p.head_dim;
   const int64_t key_end = KeyEnd(p, t);
   float* probs = p.probs + ((t.b * p.num_heads + t.h) * p.probs_q_len + t.row0) * p.probs_kv_len;
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
-    kernels.score(s.q_t, vecs, static_cast<int>(d), s.k + j0 * d, d, num_keys, NextBlock{},
-                  s.scores_t);
+    kernels.score(s.q_t, vecs, static_cast<int>(d), kv.k + j0 * kv.k_stride, kv.k_stride,
+                  num_keys, NextBlock{}, s.scores_t);
     kernels.normalize(s.scores_t, vecs, num_keys, p.causal, j0 - t.row0, s.max, s.inv_sum);
     for (int64_t r = 0; r < t.rows; ++r) {
       float* row = probs + r * p.probs_kv_len + j0;
@@ -193,28 +204,36 @@ void ZeroPaddedProbRows(const AttentionProblem& p, int64_t b, int64_t h) {
   std::fill(rows, rows + (p.probs_q_len - first) * p.probs_kv_len, 0.0f);
 }
 
-void RunTile(const AttentionProblem& p, const Rows& t, const TileKernels& kernels,
-             TileScratch& s) {
+void RunTile(const AttentionProblem& p, const Rows& t, const KeysValues& kv,
+             const TileKernels& kernels, TileScratch& s) {
   const int vecs = static_cast<int>((t.rows + kLanes - 1) / kLanes);
   const int64_t d = p.head_dim;
   // Queries pre-multiplied by scale * log2(e): the kernels then work with base-2 exponentials.
   const float* q = p.q + (p.q_offsets[t.b] + t.row0) * p.q_stride + t.h * d;
   kernels.pack_queries(q, p.q_stride, static_cast<int>(t.rows), vecs, static_cast<int>(d),
                        p.scale * std::numbers::log2e_v<float>, s.q_t);
-  RunKeyBlocks(p, t, vecs, kernels, s);
+  RunKeyBlocks(p, t, vecs, kv, kernels, s);
   // A row that saw no key has sum 0, inv_sum 0, and gets 0.
   float* out = p.out + (p.q_offsets[t.b] + t.row0) * p.out_stride + t.h * d;
   kernels.store_output(s.out_t, s.inv_sum, static_cast<int>(t.rows), static_cast<int>(d), out,
                        p.out_stride);
-  if (p.probs != nullptr) StoreProbs(p, t, vecs, kernels, s);
+  if (p.probs != nullptr) StoreProbs(p, t, vecs, kv, kernels, s);
 }
 
+// Runs a task's tiles. Several tiles share one packed copy of the keys and values; a lone
+// tile reads them in place, since packing would read every row once as well.
 void RunTask(const AttentionProblem& p, const Rows& task, const TileKernels& kernels,
              TileScratch& s) {
-  PackKeysValues(p, task, KeyEnd(p, task), s);
+  const int64_t d = p.head_dim;
+  KeysValues kv{p.k + p.kv_offsets[task.b] * p.k_stride + task.h * d, p.k_stride,
+                p.v + p.kv_offsets[task.b] * p.v_stride + task.h * d, p.v_stride};
+  if (task.rows > kTileRows) {
+    PackKeysValues(p, task, KeyEnd(p, task), s);
+    kv = KeysValues{s.k, d, s.v, d};
+  }
   for (int64_t row0 = task.row0; row0 < task.row0 + task.rows; row0 += kTileRows) {
     const int64_t rows = std::min<int64_t>(kTileRows, task.row0 + task.rows - row0);
-    RunTile(p, Rows{task.b, task.h, row0, rows}, kernels, s);
+    RunTile(p, Rows{task.b, task.h, row0, rows}, kv, kernels, s);
   }
 }
 
