@@ -125,6 +125,42 @@ absl::StatusOr<Result> RunShape(const Shape& shape, core::Precision precision, i
   return r;
 }
 
+// Times f32 and bf16 layers of `shape` call by call, alternating, so that a load change on the
+// shared machine hits both alike; prints one JSON line with the two medians and their ratio.
+absl::Status CompareBf16(const Shape& shape, int reps) {
+  auto f32 = core::Layer::Create(RandomWeights(shape), core::Precision::kF32);
+  auto bf16 = core::Layer::Create(RandomWeights(shape), core::Precision::kBF16);
+  if (!f32.ok()) return f32.status();
+  if (!bf16.ok()) return bf16.status();
+  const int64_t batch = static_cast<int64_t>(shape.lengths.size());
+  const std::vector<float> input = RandomValues(batch * shape.padded * shape.d_model, 11);
+  const std::vector<float> context = RandomValues(batch * shape.kv_padded * shape.d_context, 12);
+  core::ForwardArgs args;
+  args.kind = shape.kind;
+  args.input = {input.data(), shape.d_model, shape.lengths, shape.padded};
+  if (core::IsCross(shape.kind)) {
+    args.context =
+        core::RaggedBatch{context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded};
+  }
+  std::vector<float> output((*f32)->Shapes(args).output_size());
+  std::vector<double> ms[2];
+  for (int r = 0; r <= reps; ++r) {
+    for (int p = 0; p < 2; ++p) {
+      const auto start = std::chrono::steady_clock::now();
+      absl::Status s = (p == 0 ? *f32 : *bf16)->Forward(args, output);
+      if (!s.ok()) return s;
+      const std::chrono::duration<double, std::milli> took =
+          std::chrono::steady_clock::now() - start;
+      if (r > 0) ms[p].push_back(took.count());  // rep 0 is the warm-up
+    }
+  }
+  for (auto& m : ms) std::sort(m.begin(), m.end());
+  const double f32_ms = ms[0][ms[0].size() / 2], bf16_ms = ms[1][ms[1].size() / 2];
+  std::printf("{\"shape\": \"%s\", \"f32_ms\": %.3f, \"bf16_ms\": %.3f, \"bf16_speedup\": %.3f}\n",
+              shape.name.c_str(), f32_ms, bf16_ms, f32_ms / bf16_ms);
+  return absl::OkStatus();
+}
+
 void PrintJson(const Result& r) {
   std::printf(
       "{\"shape\": \"%s\", \"tokens\": %lld, \"ms\": %.3f, \"useful_gflops\": %.2f, "
@@ -157,12 +193,24 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--precision", precision_arg, "f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  bool compare_bf16 = false;
+  app.add_flag("--compare-bf16", compare_bf16,
+               "instead: f32 vs bf16 per shape, calls alternating, one JSON line each");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) omp_set_num_threads(threads);
   absl::StatusOr<std::vector<Shape>> shapes = ParseShapes(shapes_arg);
   if (!shapes.ok()) {
     std::fprintf(stderr, "%s\n", shapes.status().ToString().c_str());
     return 2;
+  }
+  if (compare_bf16) {
+    for (const Shape& shape : *shapes) {
+      if (absl::Status s = CompareBf16(shape, reps); !s.ok()) {
+        std::fprintf(stderr, "%s: %s\n", shape.name.c_str(), s.ToString().c_str());
+        return 1;
+      }
+    }
+    return 0;
   }
   const core::Precision precision =
       precision_arg == "bf16" ? core::Precision::kBF16 : core::Precision::kF32;
