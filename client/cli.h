@@ -16,6 +16,7 @@ struct ConnectionFlags {
   std::string target = "localhost:50051";
   double timeout_seconds = 30;  // per call; 0: no deadline
   int max_message_mib = 256;
+  std::string lb_policy;  // e.g. round_robin; empty: gRPC's default
 };
 
 // Flags that describe one Forward call (infer sends it once, bench many times).

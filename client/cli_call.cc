@@ -97,6 +97,15 @@ absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, b
 
 }  // namespace
 
+std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags) {
+  ClientOptions options;
+  options.timeout =
+      flags.timeout_seconds > 0 ? absl::Seconds(flags.timeout_seconds) : absl::InfiniteDuration();
+  options.max_message_bytes = flags.max_message_mib << 20;
+  options.load_balancing_policy = flags.lb_policy;
+  return AttentionClient::Connect(flags.target, options);
+}
+
 absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags) {
   PreparedCall prepared;
   ForwardCall& call = prepared.call;

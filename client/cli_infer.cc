@@ -31,14 +31,6 @@ absl::Status MaybeWrite(const std::string& path, absl::string_view name, const F
 
 }  // namespace
 
-std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags) {
-  ClientOptions options;
-  options.timeout =
-      flags.timeout_seconds > 0 ? absl::Seconds(flags.timeout_seconds) : absl::InfiniteDuration();
-  options.max_message_bytes = flags.max_message_mib << 20;
-  return AttentionClient::Connect(flags.target, options);
-}
-
 absl::Status RunInfer(const ConnectionFlags& connection, const InferFlags& flags) {
   std::unique_ptr<AttentionClient> client = ConnectFromFlags(connection);
   absl::StatusOr<PreparedCall> prepared = PrepareCall(*client, flags.call);

@@ -31,6 +31,9 @@ std::unique_ptr<AttentionClient> AttentionClient::Connect(const std::string& tar
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  if (!options.load_balancing_policy.empty()) {
+    args.SetLoadBalancingPolicyName(options.load_balancing_policy);
+  }
   return std::make_unique<AttentionClient>(
       grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);
 }

@@ -19,6 +19,9 @@ namespace attnserve::client {
 struct ClientOptions {
   absl::Duration timeout = absl::Seconds(30);  // deadline of each call; InfiniteDuration: none
   int max_message_bytes = 256 << 20;           // largest response accepted (attention grows fast)
+  // "round_robin" spreads calls over every address the target resolves to (a headless
+  // Kubernetes Service); empty: gRPC's default, pick_first (one connection).
+  std::string load_balancing_policy;
 };
 
 // One Forward call in client terms: arrays instead of wire tensors.

@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-message-mib", connection.max_message_mib, "Largest message accepted")
       ->check(CLI::Range(1, 2047))
       ->capture_default_str();
+  app.add_option("--lb-policy", connection.lb_policy,
+                 "round_robin: spread calls over every address of the target (dns:///...)")
+      ->check(CLI::IsMember({"pick_first", "round_robin"}));
   InferFlags infer;
   AddInfer(app, infer);
   BenchFlags bench;

@@ -89,6 +89,9 @@ TEST_F(DemoServerTest, HealthIsServing) {
 TEST_F(DemoServerTest, HealthOfOneService) {
   ProgramResult r = Run({"health", "--service", "attnserve.v1.AttentionService"});
   EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  r = RunProgram({ATTNSERVE_CLIENT_BIN, "--target", "dns:///" + server_->target(), "--lb-policy",
+                  "round_robin", "health"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
   r = Run({"health", "--service", "no.such.Service"});
   EXPECT_EQ(r.exit_code, kNotFound) << Describe(r);
 }
