@@ -365,9 +365,8 @@ TEST_F(LayerTest, ConcurrentCallsAgreeWithOneCall) {
   for (size_t t = 0; t < calls.size(); ++t) EXPECT_EQ(mismatches[t], 0) << "call " << t;
 }
 
-TEST_F(LayerTest, LongSequenceUsesTheRuntimeRowPath) {
-  // 1500 tokens: above the bucketed sizes, so the runtime-M primitive runs; padded and packed
-  // must still agree.
+TEST_F(LayerTest, LongSequencesAgreeAcrossLayouts) {
+  // 1500 tokens: a bucket (1536 rows) with padding rows; padded and packed must agree.
   std::vector<float> data = Wave(1500 * d_, 0.3f);
   ForwardArgs packed;
   packed.kind = AttentionKind::kCausal;
@@ -380,6 +379,20 @@ TEST_F(LayerTest, LongSequenceUsesTheRuntimeRowPath) {
   const std::vector<float> out_padded = Run(padded);
   for (int64_t i = 0; i < 1500 * d_; ++i) ASSERT_NEAR(out_packed[i], out_padded[i], 1e-5) << i;
   for (int64_t i = 1500 * d_; i < 2000 * d_; ++i) ASSERT_EQ(out_padded[i], 0.0f);
+}
+
+TEST_F(LayerTest, RuntimeRowPathAgreesWithBuckets) {
+  // 1025 sequences of 64 tokens: 65600 rows, past the buckets, so one runtime-M primitive runs.
+  // Sequences are independent, so the first ones must come out as they do in a small batch.
+  const int64_t count = 1025, length = 64;
+  std::vector<float> data = Wave(count * length * d_, 0.9f);
+  ForwardArgs big;
+  big.input = Padded(data, d_, std::vector<int64_t>(count, length), RaggedBatch::kPacked);
+  const std::vector<float> out_big = Run(big);
+  ForwardArgs small = big;
+  small.input.lengths.resize(3);
+  const std::vector<float> out_small = Run(small);
+  for (size_t i = 0; i < out_small.size(); ++i) ASSERT_NEAR(out_big[i], out_small[i], 1e-5) << i;
 }
 
 TEST_F(LayerTest, Bf16StaysNearF32) {
