@@ -252,7 +252,12 @@ void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels) {
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   const int64_t pairs = static_cast<int64_t>(p.q_lengths.size()) * p.num_heads;
   const int64_t max_kv = MaxKvLength(p);
-  const int threads = omp_get_max_threads();
+  // Below about 30 microseconds of work, waking the other threads costs more than it saves
+  // (and on a loaded machine a woken thread may be descheduled holding a task).
+  constexpr int64_t kParallelMinFlops = int64_t{4} << 20;
+  int64_t flops = 0;
+  for (const Rows& t : tasks) flops += 4 * t.cost * p.head_dim;
+  const int threads = flops < kParallelMinFlops ? 1 : omp_get_max_threads();
   const int64_t slice = SliceFloats(p.head_dim, max_kv);
   float* storage = TeamStorage(slice * threads);
 #pragma omp parallel num_threads(threads)
