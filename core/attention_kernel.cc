@@ -1,7 +1,9 @@
-// The flash-style attention driver: splits a ragged batch into tiles of up to kTileRows query
-// rows of one (sequence, head), and runs each tile over its visible key blocks with an online
-// softmax, so no [S, S_kv] matrix exists unless probabilities are asked for. The arithmetic is
-// in the tile kernels (attention_tiles_*.cc).
+// The flash-style attention driver. A ragged batch becomes tasks: runs of tiles (up to
+// kTileRows query rows) of one (sequence, head), heaviest first, spread over the OpenMP team.
+// A task packs its keys and values once; each tile then walks its visible key blocks with an
+// online softmax, so no [S, S_kv] matrix exists unless probabilities are asked for, and causal
+// blocks above the diagonal are never visited. The arithmetic is in the tile kernels
+// (attention_tiles_*.cc).
 
 #include "core/attention_kernel.h"
 

@@ -234,7 +234,7 @@ TEST_P(AttentionKernelTest, CrossAttentionWithDifferentLengths) {
 }
 
 TEST_P(AttentionKernelTest, OddHeadSizes) {
-  for (int64_t head_dim : {1, 3, 8, 13, 24, 80}) {
+  for (int64_t head_dim : {1, 3, 8, 13, 24, 80, 128}) {
     for (bool causal : {false, true}) {
       Case c;
       c.q_lengths = {49, 3, 70};
