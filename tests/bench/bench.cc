@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,83 @@ absl::Status CompareBf16(const Shape& shape, int reps) {
   return absl::OkStatus();
 }
 
+// The projections of `shape` alone: its matmuls over the valid tokens, as Layer runs them.
+double ProjectionMs(const Shape& shape, int reps) {
+  const int64_t d = shape.d_model, inner = shape.d_model, ctx = shape.d_context;
+  const int64_t q = std::accumulate(shape.lengths.begin(), shape.lengths.end(), int64_t{0});
+  const int64_t k = std::accumulate(shape.kv_lengths.begin(), shape.kv_lengths.end(), int64_t{0});
+  struct Mm {
+    int64_t m, k, n;
+  };
+  std::vector<Mm> mms = {{q, inner, d}};  // output projection
+  if (core::IsCross(shape.kind)) {
+    mms.push_back({q, d, inner});
+    mms.push_back({k, ctx, 2 * inner});
+  } else {
+    mms.push_back({q, d, 3 * inner});
+  }
+  std::vector<std::shared_ptr<const core::CachedMatmul>> prims;
+  size_t scratch_bytes = 0;
+  for (const Mm& mm : mms) {
+    prims.push_back(*core::GetMatmul({mm.m, mm.k, mm.n, false, true, omp_get_max_threads()}));
+    scratch_bytes = std::max(scratch_bytes, prims.back()->scratchpad_bytes);
+  }
+  const std::vector<float> x = RandomValues(std::max(q, k) * std::max(d, ctx), 5);
+  const std::vector<float> w = RandomValues(3 * inner * std::max(d, ctx), 6);
+  std::vector<float> y(std::max(q, k) * 3 * inner);
+  std::vector<char> scratchpad(scratch_bytes + 64);
+  return MedianMs(
+      [&] {
+        for (size_t i = 0; i < mms.size(); ++i) {
+          core::ExecuteMatmul(
+              *prims[i], {mms[i].m, x.data(), w.data(), w.data(), y.data(), scratchpad.data()});
+        }
+      },
+      reps);
+}
+
+// RunAttention alone on random packed Q, K, V of `shape` (B2's kernel).
+double AttentionMs(const Shape& shape, int reps) {
+  const int64_t inner = shape.d_model;
+  std::vector<int64_t> q_offsets(shape.lengths.size()), kv_offsets(shape.lengths.size());
+  std::exclusive_scan(shape.lengths.begin(), shape.lengths.end(), q_offsets.begin(), 0);
+  std::exclusive_scan(shape.kv_lengths.begin(), shape.kv_lengths.end(), kv_offsets.begin(), 0);
+  const int64_t q = q_offsets.back() + shape.lengths.back();
+  const int64_t k = kv_offsets.back() + shape.kv_lengths.back();
+  const std::vector<float> qs = RandomValues(q * inner, 7), ks = RandomValues(k * 2 * inner, 8);
+  std::vector<float> out(q * inner);
+  core::AttentionProblem p;
+  p.q = qs.data();
+  p.q_stride = inner;
+  p.k = ks.data();
+  p.v = ks.data() + inner;
+  p.k_stride = p.v_stride = 2 * inner;
+  p.out = out.data();
+  p.out_stride = inner;
+  p.q_lengths = shape.lengths;
+  p.q_offsets = q_offsets;
+  p.kv_lengths = shape.kv_lengths;
+  p.kv_offsets = kv_offsets;
+  p.num_heads = shape.heads;
+  p.head_dim = inner / shape.heads;
+  p.causal = core::IsCausal(shape.kind);
+  p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  return MedianMs([&] { core::RunAttention(p); }, reps);
+}
+
+// One JSON line splitting `shape` into projections (ours) and attention (the kernel).
+void PrintBreakdown(const Shape& shape, int reps, double peak) {
+  const double proj_ms = ProjectionMs(shape, reps), attn_ms = AttentionMs(shape, reps);
+  const double total = UsefulFlops(shape);
+  const double proj_flops = ProjectionFlops(shape), attn_flops = total - proj_flops;
+  std::printf(
+      "{\"shape\": \"%s\", \"proj_ms\": %.3f, \"proj_efficiency\": %.4f, \"attn_ms\": %.3f, "
+      "\"attn_efficiency\": %.4f, \"attn_share_of_flops\": %.3f, \"peak_gflops\": %.2f}\n",
+      shape.name.c_str(), proj_ms, proj_flops / proj_ms / 1e6 / peak, attn_ms,
+      attn_flops / attn_ms / 1e6 / peak, attn_flops / total, peak);
+  std::fflush(stdout);
+}
+
 void PrintJson(const Result& r) {
   std::printf(
       "{\"shape\": \"%s\", \"tokens\": %lld, \"ms\": %.3f, \"useful_gflops\": %.2f, "
@@ -193,7 +271,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--precision", precision_arg, "f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  bool compare_bf16 = false;
+  bool compare_bf16 = false, breakdown = false;
+  app.add_flag("--breakdown", breakdown,
+               "instead: projections and attention kernel timed apart, one JSON line per shape");
   app.add_flag("--compare-bf16", compare_bf16,
                "instead: f32 vs bf16 per shape, calls alternating, one JSON line each");
   CLI11_PARSE(app, argc, argv);
@@ -210,6 +290,11 @@ int Main(int argc, char** argv) {
         return 1;
       }
     }
+    return 0;
+  }
+  if (breakdown) {
+    const double peak = PeakGflops(peak_reps);
+    for (const Shape& shape : *shapes) PrintBreakdown(shape, reps, peak);
     return 0;
   }
   const core::Precision precision =

@@ -95,6 +95,13 @@ double UsefulFlops(const Shape& s) {
   return flops;
 }
 
+double ProjectionFlops(const Shape& s) {
+  const double d = static_cast<double>(s.d_model), ctx = static_cast<double>(s.d_context);
+  const double q = std::accumulate(s.lengths.begin(), s.lengths.end(), 0.0);
+  const double k = std::accumulate(s.kv_lengths.begin(), s.kv_lengths.end(), 0.0);
+  return 2 * q * d * d + 4 * k * ctx * d + 2 * q * d * d;
+}
+
 std::vector<float> RandomValues(int64_t count, uint64_t seed) {
   std::vector<float> values(count);
   uint64_t state = seed;

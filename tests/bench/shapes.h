@@ -44,6 +44,9 @@ std::string ShapeNames();
 // Useful FLOPs of one call as DESIGN.md counts them (padding and masked halves not counted).
 double UsefulFlops(const Shape& shape);
 
+// The projections' share of UsefulFlops (Q, K, V and output matmuls).
+double ProjectionFlops(const Shape& shape);
+
 // `count` values uniform in [-1, 1) from splitmix64(seed).
 std::vector<float> RandomValues(int64_t count, uint64_t seed);
 
