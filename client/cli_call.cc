@@ -8,6 +8,8 @@
 namespace attnserve::client {
 namespace {
 
+constexpr int64_t kMaxMessageFloats = (int64_t{1} << 31) / sizeof(float);
+
 // One side of a call (the input, or the context) as its flags describe it.
 struct SideFlags {
   absl::string_view name;  // "input" or "context", for messages
@@ -33,6 +35,12 @@ absl::StatusOr<FloatArray> LoadSide(const SideFlags& side, int64_t width, uint64
   if (!dims.ok() || dims->size() != 2 || (*dims)[0] < 1 || (*dims)[1] < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("random ", side.name, " shape '", side.random, "' is not B,S (e.g. 2,16)"));
+  }
+  // A gRPC message holds at most 2 GiB: refuse bigger shapes instead of failing to allocate.
+  const int64_t elements = int64_t{(*dims)[0]} * (*dims)[1] * width;
+  if (elements > kMaxMessageFloats) {
+    return absl::InvalidArgumentError(absl::StrCat("random ", side.name, " ", side.random, "x",
+                                                   width, " is larger than one gRPC message"));
   }
   return RandomArray({(*dims)[0], (*dims)[1], width}, seed);
 }

@@ -180,6 +180,8 @@ TEST_F(DemoServerTest, BadCallsExitWithInvalidArgument) {
   ProgramResult r = Run({"infer", "--random", "2,4", "--lengths", "4,9"});  // 9 > S
   EXPECT_EQ(r.exit_code, kInvalidArgument) << Describe(r);
   EXPECT_NE(r.err.find("INVALID_ARGUMENT"), std::string::npos) << r.err;
+  r = Run({"infer", "--random", "100000,100000"});  // 10 TB: refused, not allocated
+  EXPECT_EQ(r.exit_code, kInvalidArgument) << Describe(r);
   r = Run({"infer", "--random", "2,4", "--input", "x.npy"});  // two inputs
   EXPECT_EQ(r.exit_code, kInvalidArgument) << Describe(r);
   r = Run({"infer", "--kind", "cross", "--random", "2,4"});  // no context
