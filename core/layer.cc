@@ -64,9 +64,9 @@ int64_t CheckedProduct(int64_t a, int64_t b) {
 absl::Status CheckFinite(const char* what, const RaggedBatch& batch) {
   const int64_t rows = batch.packed() ? batch.total_length() : batch.rows();
   const int64_t width = batch.width;
+  const bool parallel = rows * width > kParallelFloats;
   int64_t bad_row = -1;
-#pragma omp parallel for schedule(static) reduction(max \
-                                                    : bad_row) if (rows * width > kParallelFloats)
+#pragma omp parallel for schedule(static) reduction(max : bad_row) if (parallel)
   for (int64_t r = 0; r < rows; ++r) {
     if (!batch.packed() && r % batch.padded_length >= batch.lengths[r / batch.padded_length]) {
       continue;  // padding is never read, so its contents do not matter
