@@ -126,11 +126,16 @@ absl::StatusOr<FloatArray> ParseNpy(absl::string_view bytes) {
         "npy array is in Fortran order: save a C-order array (numpy.ascontiguousarray)");
   }
   FloatArray array{.shape = header->shape, .values = {}};
-  const int64_t count = array.ElementCount();
-  if (data.size() != static_cast<size_t>(count) * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat("npy data holds ", data.size(), " bytes; shape ",
-                                                   array.ShapeString(), " needs ",
-                                                   count * sizeof(float)));
+  // Count against the data actually present, so a lying shape cannot overflow the product.
+  const auto available = static_cast<int64_t>(data.size() / sizeof(float));
+  int64_t count = 1;
+  for (int64_t dim : array.shape) {
+    count = (dim == 0 || count <= available / dim) ? count * dim : available + 1;
+  }
+  if (count > available || data.size() != static_cast<size_t>(count) * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat("npy data holds ", data.size(),
+                                                   " bytes, which shape ", array.ShapeString(),
+                                                   " does not describe"));
   }
   array.values.resize(count);
   if (count > 0) std::memcpy(array.values.data(), data.data(), data.size());

@@ -95,6 +95,9 @@ TEST(NpyTest, RefusesBrokenFiles) {
   EXPECT_FALSE(ParseNpy(good + "xxxx").ok());                    // trailing data
   EXPECT_FALSE(ParseNpy(good.substr(0, 40)).ok());               // truncated header
   EXPECT_FALSE(ParseNpy(NumpyWritten("<f4", "False", "(2, -3)")).ok());
+  // A product that wraps around to the real size must not pass for it.
+  EXPECT_FALSE(ParseNpy(NumpyWritten("<f4", "False", "(4611686018427387904, 4, 6)")).ok());
+  EXPECT_FALSE(ParseNpy(NumpyWritten("<f4", "False", "(0, 6)")).ok());
   EXPECT_FALSE(ParseNpy(NumpyWritten("<f4", "False", "[2, 3]")).ok());
 }
 
