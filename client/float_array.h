@@ -17,6 +17,10 @@ struct FloatArray {
   std::string ShapeString() const;
 };
 
+// Elements `shape` describes, or -1 when more than `limit` (or a dimension is negative): checks
+// a shape against the data that came with it without overflowing the product.
+int64_t BoundedElementCount(const std::vector<int64_t>& shape, int64_t limit);
+
 // Formats any shape as "[2, 5, 256]".
 std::string ShapeString(const std::vector<int64_t>& shape);
 

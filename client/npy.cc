@@ -127,12 +127,9 @@ absl::StatusOr<FloatArray> ParseNpy(absl::string_view bytes) {
   }
   FloatArray array{.shape = header->shape, .values = {}};
   // Count against the data actually present, so a lying shape cannot overflow the product.
-  const auto available = static_cast<int64_t>(data.size() / sizeof(float));
-  int64_t count = 1;
-  for (int64_t dim : array.shape) {
-    count = (dim == 0 || count <= available / dim) ? count * dim : available + 1;
-  }
-  if (count > available || data.size() != static_cast<size_t>(count) * sizeof(float)) {
+  const int64_t count =
+      BoundedElementCount(array.shape, static_cast<int64_t>(data.size() / sizeof(float)));
+  if (count < 0 || data.size() != static_cast<size_t>(count) * sizeof(float)) {
     return absl::InvalidArgumentError(absl::StrCat("npy data holds ", data.size(),
                                                    " bytes, which shape ", array.ShapeString(),
                                                    " does not describe"));

@@ -24,9 +24,11 @@ absl::Status EncodeTensor(const FloatArray& array, Encoding encoding, v1::Tensor
 
 absl::StatusOr<FloatArray> DecodeTensor(const v1::Tensor& tensor) {
   FloatArray array{.shape = {tensor.shape().begin(), tensor.shape().end()}, .values = {}};
-  const int64_t count = array.ElementCount();
+  const auto present =
+      static_cast<int64_t>(tensor.raw().empty() ? tensor.values_size() : tensor.raw().size() / 4);
+  const int64_t count = BoundedElementCount(array.shape, present);
   if (!tensor.raw().empty()) {
-    if (tensor.raw().size() != static_cast<size_t>(count) * sizeof(float)) {
+    if (count < 0 || tensor.raw().size() != static_cast<size_t>(count) * sizeof(float)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor of shape ", array.ShapeString(), " carries ", tensor.raw().size(), " raw bytes"));
     }
@@ -34,7 +36,7 @@ absl::StatusOr<FloatArray> DecodeTensor(const v1::Tensor& tensor) {
     std::memcpy(array.values.data(), tensor.raw().data(), tensor.raw().size());
     return array;
   }
-  if (tensor.values_size() != count) {
+  if (count < 0 || tensor.values_size() != count) {
     return absl::InvalidArgumentError(absl::StrCat("tensor of shape ", array.ShapeString(),
                                                    " carries ", tensor.values_size(), " values"));
   }
