@@ -64,6 +64,9 @@ void AddBench(CLI::App& app, BenchFlags& f) {
 int main(int argc, char** argv) {
   CLI::App app{"attnserve-client: call, check and load-test an attnserve server"};
   app.require_subcommand(1);
+  app.footer(
+      "Exit status: 0 on success, else the gRPC status code's number (INVALID_ARGUMENT 3,\n"
+      "NOT_FOUND 5, UNAVAILABLE 14, ...); `health` exits 0 only when the server is SERVING.");
   ConnectionFlags connection;
   app.add_option("--target", connection.target, "Server address host:port")->capture_default_str();
   app.add_option("--timeout", connection.timeout_seconds, "Deadline per call, seconds (0: none)")
