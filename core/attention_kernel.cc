@@ -7,6 +7,8 @@
 
 #include "core/attention_kernel.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,8 +18,6 @@
 #include <new>
 #include <numbers>
 #include <vector>
-
-#include <omp.h>
 
 #include "core/attention_tiles.h"
 
@@ -164,11 +164,10 @@ void RunKeyBlocks(const AttentionProblem& p, const Rows& t, int vecs, const Keys
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
     const int64_t diag = j0 - t.row0;
     const int64_t j1 = j0 + kKeyBlock;
-    const NextBlock next{kv.k + j1 * kv.k_stride, kv.k_stride, kv.v + j1 * kv.v_stride,
-                         kv.v_stride,
+    const NextBlock next{kv.k + j1 * kv.k_stride, kv.k_stride, kv.v + j1 * kv.v_stride, kv.v_stride,
                          static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0 - num_keys))};
-    kernels.score(s.q_t, vecs, static_cast<int>(d), kv.k + j0 * kv.k_stride, kv.k_stride,
-                  num_keys, next, s.scores_t);
+    kernels.score(s.q_t, vecs, static_cast<int>(d), kv.k + j0 * kv.k_stride, kv.k_stride, num_keys,
+                  next, s.scores_t);
     kernels.softmax(s.scores_t, vecs, num_keys, p.causal, diag, s.max, s.sum, s.alpha);
     kernels.accumulate(s.scores_t, vecs, num_keys, kv.v + j0 * kv.v_stride, kv.v_stride,
                        static_cast<int>(d), s.alpha, s.out_t);
@@ -185,8 +184,8 @@ void StoreProbs(const AttentionProblem& p, const Rows& t, int vecs, const KeysVa
   float* probs = p.probs + ((t.b * p.num_heads + t.h) * p.probs_q_len + t.row0) * p.probs_kv_len;
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
-    kernels.score(s.q_t, vecs, static_cast<int>(d), kv.k + j0 * kv.k_stride, kv.k_stride,
-                  num_keys, NextBlock{}, s.scores_t);
+    kernels.score(s.q_t, vecs, static_cast<int>(d), kv.k + j0 * kv.k_stride, kv.k_stride, num_keys,
+                  NextBlock{}, s.scores_t);
     kernels.normalize(s.scores_t, vecs, num_keys, p.causal, j0 - t.row0, s.max, s.inv_sum);
     for (int64_t r = 0; r < t.rows; ++r) {
       float* row = probs + r * p.probs_kv_len + j0;
@@ -283,7 +282,7 @@ namespace {
 // AVX-512 when the CPU has it, unless ATTNSERVE_ATTENTION_KERNEL=portable asks otherwise
 // (to compare the two on one machine).
 const internal::TileKernels& SelectedKernels() {
-  static const internal::TileKernels& kernels = [] () -> const internal::TileKernels& {
+  static const internal::TileKernels& kernels = []() -> const internal::TileKernels& {
     const char* forced = std::getenv("ATTNSERVE_ATTENTION_KERNEL");
     const internal::TileKernels* fast = internal::Avx512TileKernels();
     if (fast != nullptr && (forced == nullptr || std::strcmp(forced, "portable") != 0)) {

@@ -25,8 +25,8 @@ inline constexpr int kKeyTile = 8;
 
 // q_t[c * kTileRows + r] = q[r * q_stride + c] * factor for r < rows, 0 for the rows up to
 // vecs * kLanes: the tile's queries, transposed.
-using PackQueriesFn = void (*)(const float* q, int64_t q_stride, int rows, int vecs,
-                               int head_dim, float factor, float* q_t);
+using PackQueriesFn = void (*)(const float* q, int64_t q_stride, int rows, int vecs, int head_dim,
+                               float factor, float* q_t);
 
 // The rows of a key block that the next block will read, so that the score kernel can ask for
 // them while it computes (rows of fused QKV are a page apart: the hardware prefetcher, which
@@ -42,9 +42,8 @@ struct NextBlock {
 // scores_t[j * kTileRows + r] = sum_c q_t[c * kTileRows + r] * k[j * k_stride + c] for
 // j < num_keys rounded up to kKeyTile (extra keys repeat key num_keys - 1; callers ignore
 // them) and r < vecs * kLanes.
-using ScoreFn = void (*)(const float* q_t, int vecs, int head_dim, const float* k,
-                         int64_t k_stride, int num_keys, const NextBlock& next,
-                         float* scores_t);
+using ScoreFn = void (*)(const float* q_t, int vecs, int head_dim, const float* k, int64_t k_stride,
+                         int num_keys, const NextBlock& next, float* scores_t);
 
 // The online-softmax step over one key block of base-2 log scores, in place:
 // for each row r, max_new = max(max[r], visible scores), alpha[r] = 2^(max[r] - max_new),

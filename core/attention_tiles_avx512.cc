@@ -114,8 +114,8 @@ ATTNSERVE_AVX512 void PackQueries(const float* q, int64_t q_stride, int rows, in
   }
 }
 
-ATTNSERVE_AVX512 void StoreOutput(const float* out_t, const float* inv_sum, int rows,
-                                  int head_dim, float* out, int64_t out_stride) {
+ATTNSERVE_AVX512 void StoreOutput(const float* out_t, const float* inv_sum, int rows, int head_dim,
+                                  float* out, int64_t out_stride) {
   for (int v = 0; v * kLanes < rows; ++v) {
     const __m512 scale = _mm512_load_ps(inv_sum + v * kLanes);
     for (int c0 = 0; c0 < head_dim; c0 += kLanes) {
@@ -123,10 +123,10 @@ ATTNSERVE_AVX512 void StoreOutput(const float* out_t, const float* inv_sum, int 
       __m512 block[kLanes];
 #pragma GCC unroll 16
       for (int c = 0; c < kLanes; ++c) {
-        block[c] = c0 + c < head_dim
-                       ? _mm512_mul_ps(_mm512_load_ps(out_t + (c0 + c) * kTileRows + v * kLanes),
-                                       scale)
-                       : _mm512_setzero_ps();
+        block[c] =
+            c0 + c < head_dim
+                ? _mm512_mul_ps(_mm512_load_ps(out_t + (c0 + c) * kTileRows + v * kLanes), scale)
+                : _mm512_setzero_ps();
       }
       Transpose16x16(block);
       // Masked stores that miss the cache stall far longer than plain ones: use them for the
@@ -207,12 +207,15 @@ ATTNSERVE_AVX512 void ScoreVecs(const float* q_t, int head_dim, const float* k, 
   }
 }
 
-void Score(const float* q_t, int vecs, int head_dim, const float* k, int64_t k_stride,
-           int num_keys, const NextBlock& next, float* scores_t) {
+void Score(const float* q_t, int vecs, int head_dim, const float* k, int64_t k_stride, int num_keys,
+           const NextBlock& next, float* scores_t) {
   switch (vecs) {
-    case 1: return ScoreVecs<1>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
-    case 2: return ScoreVecs<2>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
-    default: return ScoreVecs<3>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
+    case 1:
+      return ScoreVecs<1>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
+    case 2:
+      return ScoreVecs<2>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
+    default:
+      return ScoreVecs<3>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
   }
 }
 
@@ -279,9 +282,12 @@ ATTNSERVE_AVX512 void SoftmaxVecs(float* scores_t, int num_keys, bool causal, in
 void Softmax(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag, float* max,
              float* sum, float* alpha) {
   switch (vecs) {
-    case 1: return SoftmaxVecs<1>(scores_t, num_keys, causal, diag, max, sum, alpha);
-    case 2: return SoftmaxVecs<2>(scores_t, num_keys, causal, diag, max, sum, alpha);
-    default: return SoftmaxVecs<3>(scores_t, num_keys, causal, diag, max, sum, alpha);
+    case 1:
+      return SoftmaxVecs<1>(scores_t, num_keys, causal, diag, max, sum, alpha);
+    case 2:
+      return SoftmaxVecs<2>(scores_t, num_keys, causal, diag, max, sum, alpha);
+    default:
+      return SoftmaxVecs<3>(scores_t, num_keys, causal, diag, max, sum, alpha);
   }
 }
 
@@ -330,28 +336,39 @@ ATTNSERVE_AVX512 void AccumulateVecs(const float* p_t, int num_keys, const float
   const float* vc = v + c0;
   float* oc = out_t + c0 * kTileRows;
   switch (head_dim - c0) {
-    case 1: return AccumulateCols<kVecs, 1>(p_t, num_keys, vc, v_stride, alpha, oc);
-    case 2: return AccumulateCols<kVecs, 2>(p_t, num_keys, vc, v_stride, alpha, oc);
-    case 3: return AccumulateCols<kVecs, 3>(p_t, num_keys, vc, v_stride, alpha, oc);
-    case 4: return AccumulateCols<kVecs, 4>(p_t, num_keys, vc, v_stride, alpha, oc);
-    case 5: return AccumulateCols<kVecs, 5>(p_t, num_keys, vc, v_stride, alpha, oc);
-    case 6: return AccumulateCols<kVecs, 6>(p_t, num_keys, vc, v_stride, alpha, oc);
-    case 7: return AccumulateCols<kVecs, 7>(p_t, num_keys, vc, v_stride, alpha, oc);
-    default: return;
+    case 1:
+      return AccumulateCols<kVecs, 1>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 2:
+      return AccumulateCols<kVecs, 2>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 3:
+      return AccumulateCols<kVecs, 3>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 4:
+      return AccumulateCols<kVecs, 4>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 5:
+      return AccumulateCols<kVecs, 5>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 6:
+      return AccumulateCols<kVecs, 6>(p_t, num_keys, vc, v_stride, alpha, oc);
+    case 7:
+      return AccumulateCols<kVecs, 7>(p_t, num_keys, vc, v_stride, alpha, oc);
+    default:
+      return;
   }
 }
 
 void Accumulate(const float* p_t, int vecs, int num_keys, const float* v, int64_t v_stride,
                 int head_dim, const float* alpha, float* out_t) {
   switch (vecs) {
-    case 1: return AccumulateVecs<1>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
-    case 2: return AccumulateVecs<2>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
-    default: return AccumulateVecs<3>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+    case 1:
+      return AccumulateVecs<1>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+    case 2:
+      return AccumulateVecs<2>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+    default:
+      return AccumulateVecs<3>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
   }
 }
 
-ATTNSERVE_AVX512 void Normalize(float* scores_t, int vecs, int num_keys, bool causal,
-                                int64_t diag, const float* max, const float* inv_sum) {
+ATTNSERVE_AVX512 void Normalize(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag,
+                                const float* max, const float* inv_sum) {
   const bool masked = causal && diag + num_keys - 1 > 0;
   for (int j = 0; j < num_keys; ++j) {
     for (int v = 0; v < vecs; ++v) {
@@ -366,8 +383,8 @@ ATTNSERVE_AVX512 void Normalize(float* scores_t, int vecs, int num_keys, bool ca
 }  // namespace
 
 const TileKernels* Avx512TileKernels() {
-  static constexpr TileKernels kKernels{"avx512",   PackQueries, Score,     Softmax,
-                                             Accumulate, StoreOutput, Normalize};
+  static constexpr TileKernels kKernels{"avx512",   PackQueries, Score,    Softmax,
+                                        Accumulate, StoreOutput, Normalize};
   static const bool supported = __builtin_cpu_supports("avx512f");
   return supported ? &kKernels : nullptr;
 }

@@ -78,8 +78,7 @@ ATTNSERVE_CLONES void Softmax(float* scores_t, int vecs, int num_keys, bool caus
 
 // Column by column: the rows of one output column stay in L1 across the block's keys.
 ATTNSERVE_CLONES void Accumulate(const float* p_t, int vecs, int num_keys, const float* v,
-                                 int64_t v_stride, int head_dim, const float* alpha,
-                                 float* out_t) {
+                                 int64_t v_stride, int head_dim, const float* alpha, float* out_t) {
   const int rows = vecs * kLanes;
   for (int c = 0; c < head_dim; ++c) {
     float* o = out_t + c * kTileRows;

@@ -4,6 +4,8 @@
 // a long causal sequence; for both tile-kernel flavours (portable and, when the CPU has it,
 // AVX-512).
 
+#include "core/attention_kernel.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "core/attention_kernel.h"
 #include "core/attention_tiles.h"
 
 namespace attnserve::core {
@@ -201,7 +202,7 @@ class AttentionKernelTest : public ::testing::TestWithParam<std::string> {
 
 // Lengths around every block size the kernel has: 16-row vectors, 48-row tiles, 8-key tiles,
 // 64-key softmax blocks.
-const std::vector<int64_t> kBoundaryLengths = {0,  1,  7,  8,  9,  15, 16, 17,  31,  32,  33,
+const std::vector<int64_t> kBoundaryLengths = {0,  1,  7,  8,  9,  15, 16, 17,  31,  32, 33,
                                                47, 48, 49, 63, 64, 65, 96, 127, 128, 129};
 
 TEST_P(AttentionKernelTest, SelfAttentionAtBlockBoundaries) {
