@@ -92,9 +92,10 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   std::unique_ptr<ServerProcess> server(new ServerProcess(pid, dir));
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
   while (absl::Now() < give_up) {
+    // The server writes "PORT\n": without the newline the file may still be half written.
     std::string port = ReadFile(port_file);
-    while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
-    if (!port.empty()) {
+    if (!port.empty() && port.back() == '\n') {
+      port.pop_back();
       server->target_ = absl::StrCat("127.0.0.1:", port);
       return server;
     }

@@ -37,8 +37,9 @@ def start_server(server, workdir, models):
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             sys.exit(f"attnserve exited at start:\n{open(log.name).read()}")
-        if os.path.exists(port_file) and open(port_file).read().strip():
-            return proc, "127.0.0.1:" + open(port_file).read().strip()
+        port = open(port_file).read() if os.path.exists(port_file) else ""
+        if port.endswith("\n"):  # complete: the server writes "PORT\n"
+            return proc, "127.0.0.1:" + port.strip()
         time.sleep(0.05)
     proc.kill()
     sys.exit("attnserve wrote no port in 60 s")
