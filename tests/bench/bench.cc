@@ -36,47 +36,55 @@ struct Result {
   double scratch_mib = 0;
 };
 
-// Median of `reps` timed calls of `fn` after one untimed warm-up call (JIT, first touch).
-double MedianMs(const std::function<void()>& fn, int reps) {
-  fn();
-  std::vector<double> ms;
+// Medians of `reps` timed rounds, each round calling every fn once in turn, after one untimed
+// warm-up round (JIT, first touch). Alternating the calls makes a load change on the shared
+// machine hit all of them alike, so their ratios hold even when absolute times do not.
+std::vector<double> AlternatingMedianMs(const std::vector<std::function<void()>>& fns, int reps) {
+  for (const auto& fn : fns) fn();
+  std::vector<std::vector<double>> ms(fns.size());
   for (int r = 0; r < reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                     .count());
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      fns[i]();
+      const std::chrono::duration<double, std::milli> took =
+          std::chrono::steady_clock::now() - start;
+      ms[i].push_back(took.count());
+    }
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  std::vector<double> medians;
+  for (std::vector<double>& m : ms) {
+    std::sort(m.begin(), m.end());
+    medians.push_back(m[m.size() / 2]);
+  }
+  return medians;
 }
 
-// GFLOP/s of a 4096^3 f32 oneDNN matmul on the current threads, plain row-major operands (the
-// layout oneDNN is fastest with): the peak that efficiency divides by.
-double PeakGflops(int reps) {
-  constexpr int64_t n = 4096;
-  using tag = dnnl::memory::format_tag;
-  const dnnl::memory::desc md({n, n}, dnnl::memory::data_type::f32, tag::ab);
-  try {
-    const dnnl::matmul matmul(
-        dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), core::CpuEngine()));
-    std::vector<float> a = RandomValues(n * n, 1), b = RandomValues(n * n, 2), c(n * n);
+// The peak: a 4096^3 f32 oneDNN matmul with plain row-major operands, on the current threads.
+class PeakMatmul {
+ public:
+  static constexpr int64_t kN = 4096;
+  static constexpr double kFlops = 2.0 * kN * kN * kN;
+
+  PeakMatmul()
+      : md_({kN, kN}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab),
+        matmul_(dnnl::matmul::primitive_desc(dnnl::matmul::desc(md_, md_, md_), core::CpuEngine())),
+        a_(RandomValues(kN * kN, 1)),
+        b_(RandomValues(kN * kN, 2)),
+        c_(kN * kN) {}
+
+  void Run() {
     const dnnl::engine& engine = core::CpuEngine();
-    dnnl::memory a_mem(md, engine, a.data()), b_mem(md, engine, b.data()),
-        c_mem(md, engine, c.data());
+    dnnl::memory a(md_, engine, a_.data()), b(md_, engine, b_.data()), c(md_, engine, c_.data());
     dnnl::stream& stream = core::ThreadStream();
-    const double ms = MedianMs(
-        [&] {
-          matmul.execute(stream,
-                         {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
-          stream.wait();
-        },
-        reps);
-    return 2.0 * n * n * n / ms / 1e6;
-  } catch (const dnnl::error& e) {
-    std::fprintf(stderr, "peak matmul: %s\n", e.what());
-    return 0;
+    matmul_.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
   }
-}
+
+ private:
+  dnnl::memory::desc md_;
+  dnnl::matmul matmul_;
+  std::vector<float> a_, b_, c_;
+};
 
 // The attention problem of a shape, only to ask the kernel how much scratch it takes.
 int64_t AttentionScratch(const Shape& shape) {
@@ -91,7 +99,7 @@ int64_t AttentionScratch(const Shape& shape) {
 
 // Runs one shape: padded input (and context) as a client would send them.
 absl::StatusOr<Result> RunShape(const Shape& shape, core::Precision precision, int reps,
-                                double peak) {
+                                PeakMatmul& peak) {
   auto layer = core::Layer::Create(RandomWeights(shape), precision);
   core::GetThreadScratch().Release();  // so scratch_mib is this shape's alone
   if (!layer.ok()) return layer.status();
@@ -108,18 +116,19 @@ absl::StatusOr<Result> RunShape(const Shape& shape, core::Precision precision, i
   }
   std::vector<float> output((*layer)->Shapes(args).output_size());
   absl::Status status;
-  const double ms = MedianMs(
-      [&] {
-        if (status.ok()) status = (*layer)->Forward(args, output);
-      },
-      reps);
+  const std::vector<double> ms = AlternatingMedianMs({[&] {
+                                                        if (status.ok())
+                                                          status = (*layer)->Forward(args, output);
+                                                      },
+                                                      [&] { peak.Run(); }},
+                                                     reps);
   if (!status.ok()) return status;
   Result r;
   r.shape = shape.name;
   r.tokens = args.input.total_length();
-  r.ms = ms;
-  r.useful_gflops = UsefulFlops(shape) / ms / 1e6;
-  r.peak_gflops = peak;
+  r.ms = ms[0];
+  r.useful_gflops = UsefulFlops(shape) / ms[0] / 1e6;
+  r.peak_gflops = PeakMatmul::kFlops / ms[1] / 1e6;
   r.scratch_mib = static_cast<double>(AttentionScratch(shape) * omp_get_max_threads() +
                                       core::GetThreadScratch().bytes()) /
                   (1 << 20);
@@ -144,26 +153,25 @@ absl::Status CompareBf16(const Shape& shape, int reps) {
         core::RaggedBatch{context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded};
   }
   std::vector<float> output((*f32)->Shapes(args).output_size());
-  std::vector<double> ms[2];
-  for (int r = 0; r <= reps; ++r) {
-    for (int p = 0; p < 2; ++p) {
-      const auto start = std::chrono::steady_clock::now();
-      absl::Status s = (p == 0 ? *f32 : *bf16)->Forward(args, output);
-      if (!s.ok()) return s;
-      const std::chrono::duration<double, std::milli> took =
-          std::chrono::steady_clock::now() - start;
-      if (r > 0) ms[p].push_back(took.count());  // rep 0 is the warm-up
-    }
-  }
-  for (auto& m : ms) std::sort(m.begin(), m.end());
-  const double f32_ms = ms[0][ms[0].size() / 2], bf16_ms = ms[1][ms[1].size() / 2];
+  absl::Status status;
+  const std::vector<double> ms = AlternatingMedianMs({[&] {
+                                                        if (status.ok())
+                                                          status = (*f32)->Forward(args, output);
+                                                      },
+                                                      [&] {
+                                                        if (status.ok())
+                                                          status = (*bf16)->Forward(args, output);
+                                                      }},
+                                                     reps);
+  if (!status.ok()) return status;
+  const double f32_ms = ms[0], bf16_ms = ms[1];
   std::printf("{\"shape\": \"%s\", \"f32_ms\": %.3f, \"bf16_ms\": %.3f, \"bf16_speedup\": %.3f}\n",
               shape.name.c_str(), f32_ms, bf16_ms, f32_ms / bf16_ms);
   return absl::OkStatus();
 }
 
 // The projections of `shape` alone: its matmuls over the valid tokens, as Layer runs them.
-double ProjectionMs(const Shape& shape, int reps) {
+std::function<void()> ProjectionCall(const Shape& shape) {
   const int64_t d = shape.d_model, inner = shape.d_model, ctx = shape.d_context;
   const int64_t q = std::accumulate(shape.lengths.begin(), shape.lengths.end(), int64_t{0});
   const int64_t k = std::accumulate(shape.kv_lengths.begin(), shape.kv_lengths.end(), int64_t{0});
@@ -177,58 +185,76 @@ double ProjectionMs(const Shape& shape, int reps) {
   } else {
     mms.push_back({q, d, 3 * inner});
   }
-  std::vector<std::shared_ptr<const core::CachedMatmul>> prims;
+  struct State {
+    std::vector<Mm> mms;
+    std::vector<std::shared_ptr<const core::CachedMatmul>> prims;
+    std::vector<float> x, w, y;
+    std::vector<char> scratchpad;
+  };
+  auto st = std::make_shared<State>();
+  st->mms = mms;
   size_t scratch_bytes = 0;
   for (const Mm& mm : mms) {
-    prims.push_back(*core::GetMatmul({mm.m, mm.k, mm.n, false, true, omp_get_max_threads()}));
-    scratch_bytes = std::max(scratch_bytes, prims.back()->scratchpad_bytes);
+    st->prims.push_back(*core::GetMatmul({mm.m, mm.k, mm.n, false, true, omp_get_max_threads()}));
+    scratch_bytes = std::max(scratch_bytes, st->prims.back()->scratchpad_bytes);
   }
-  const std::vector<float> x = RandomValues(std::max(q, k) * std::max(d, ctx), 5);
-  const std::vector<float> w = RandomValues(3 * inner * std::max(d, ctx), 6);
-  std::vector<float> y(std::max(q, k) * 3 * inner);
-  std::vector<char> scratchpad(scratch_bytes + 64);
-  return MedianMs(
-      [&] {
-        for (size_t i = 0; i < mms.size(); ++i) {
-          core::ExecuteMatmul(
-              *prims[i], {mms[i].m, x.data(), w.data(), w.data(), y.data(), scratchpad.data()});
-        }
-      },
-      reps);
+  st->x = RandomValues(std::max(q, k) * std::max(d, ctx), 5);
+  st->w = RandomValues(3 * inner * std::max(d, ctx), 6);
+  st->y.resize(std::max(q, k) * 3 * inner);
+  st->scratchpad.resize(scratch_bytes + 64);
+  return [st] {
+    for (size_t i = 0; i < st->mms.size(); ++i) {
+      core::ExecuteMatmul(*st->prims[i], {st->mms[i].m, st->x.data(), st->w.data(), st->w.data(),
+                                          st->y.data(), st->scratchpad.data()});
+    }
+  };
 }
 
 // RunAttention alone on random packed Q, K, V of `shape` (B2's kernel).
-double AttentionMs(const Shape& shape, int reps) {
+std::function<void()> AttentionCall(const Shape& shape) {
   const int64_t inner = shape.d_model;
-  std::vector<int64_t> q_offsets(shape.lengths.size()), kv_offsets(shape.lengths.size());
-  std::exclusive_scan(shape.lengths.begin(), shape.lengths.end(), q_offsets.begin(), 0);
-  std::exclusive_scan(shape.kv_lengths.begin(), shape.kv_lengths.end(), kv_offsets.begin(), 0);
-  const int64_t q = q_offsets.back() + shape.lengths.back();
-  const int64_t k = kv_offsets.back() + shape.kv_lengths.back();
-  const std::vector<float> qs = RandomValues(q * inner, 7), ks = RandomValues(k * 2 * inner, 8);
-  std::vector<float> out(q * inner);
-  core::AttentionProblem p;
-  p.q = qs.data();
+  struct State {
+    std::vector<int64_t> q_lengths, kv_lengths, q_offsets, kv_offsets;
+    std::vector<float> qs, ks, out;
+    core::AttentionProblem p;
+  };
+  auto st = std::make_shared<State>();
+  st->q_lengths = shape.lengths;
+  st->kv_lengths = shape.kv_lengths;
+  st->q_offsets.resize(shape.lengths.size());
+  st->kv_offsets.resize(shape.lengths.size());
+  std::exclusive_scan(shape.lengths.begin(), shape.lengths.end(), st->q_offsets.begin(), 0);
+  std::exclusive_scan(shape.kv_lengths.begin(), shape.kv_lengths.end(), st->kv_offsets.begin(), 0);
+  const int64_t q = st->q_offsets.back() + shape.lengths.back();
+  const int64_t k = st->kv_offsets.back() + shape.kv_lengths.back();
+  st->qs = RandomValues(q * inner, 7);
+  st->ks = RandomValues(k * 2 * inner, 8);
+  st->out.resize(q * inner);
+  core::AttentionProblem& p = st->p;
+  p.q = st->qs.data();
   p.q_stride = inner;
-  p.k = ks.data();
-  p.v = ks.data() + inner;
+  p.k = st->ks.data();
+  p.v = st->ks.data() + inner;
   p.k_stride = p.v_stride = 2 * inner;
-  p.out = out.data();
+  p.out = st->out.data();
   p.out_stride = inner;
-  p.q_lengths = shape.lengths;
-  p.q_offsets = q_offsets;
-  p.kv_lengths = shape.kv_lengths;
-  p.kv_offsets = kv_offsets;
+  p.q_lengths = st->q_lengths;
+  p.q_offsets = st->q_offsets;
+  p.kv_lengths = st->kv_lengths;
+  p.kv_offsets = st->kv_offsets;
   p.num_heads = shape.heads;
   p.head_dim = inner / shape.heads;
   p.causal = core::IsCausal(shape.kind);
   p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
-  return MedianMs([&] { core::RunAttention(p); }, reps);
+  return [st] { core::RunAttention(st->p); };
 }
 
 // One JSON line splitting `shape` into projections (ours) and attention (the kernel).
-void PrintBreakdown(const Shape& shape, int reps, double peak) {
-  const double proj_ms = ProjectionMs(shape, reps), attn_ms = AttentionMs(shape, reps);
+void PrintBreakdown(const Shape& shape, int reps, PeakMatmul& peak_matmul) {
+  const std::vector<double> ms = AlternatingMedianMs(
+      {ProjectionCall(shape), AttentionCall(shape), [&] { peak_matmul.Run(); }}, reps);
+  const double proj_ms = ms[0], attn_ms = ms[1];
+  const double peak = PeakMatmul::kFlops / ms[2] / 1e6;
   const double total = UsefulFlops(shape);
   const double proj_flops = ProjectionFlops(shape), attn_flops = total - proj_flops;
   std::printf(
@@ -261,13 +287,11 @@ void PrintTable(const std::vector<Result>& results, const std::string& precision
 int Main(int argc, char** argv) {
   CLI::App app{"attnserve_bench: Layer::Forward on the standard shapes vs a oneDNN matmul peak"};
   std::string shapes_arg = "bert,causal,ragged,cross,small,long";
-  int threads = 0, reps = 5, peak_reps = 3;
+  int threads = 0, reps = 5;
   std::string precision_arg = "f32";
   app.add_option("--shapes", shapes_arg, "comma-separated: " + ShapeNames());
   app.add_option("--threads", threads, "OpenMP threads (0: OpenMP's default)");
   app.add_option("--reps", reps, "timed repetitions per shape (after one warm-up)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--peak-reps", peak_reps, "timed repetitions of the peak matmul")
       ->check(CLI::PositiveNumber);
   app.add_option("--precision", precision_arg, "f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));
@@ -292,14 +316,15 @@ int Main(int argc, char** argv) {
     }
     return 0;
   }
+  // Made once; each shape's reps alternate with peak reps, so its efficiency divides by the
+  // peak of the same moments.
+  PeakMatmul peak;
   if (breakdown) {
-    const double peak = PeakGflops(peak_reps);
     for (const Shape& shape : *shapes) PrintBreakdown(shape, reps, peak);
     return 0;
   }
   const core::Precision precision =
       precision_arg == "bf16" ? core::Precision::kBF16 : core::Precision::kF32;
-  const double peak = PeakGflops(peak_reps);
   std::vector<Result> results;
   for (const Shape& shape : *shapes) {
     absl::StatusOr<Result> r = RunShape(shape, precision, reps, peak);
@@ -317,4 +342,11 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace attnserve::bench
 
-int main(int argc, char** argv) { return attnserve::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return attnserve::bench::Main(argc, argv);
+  } catch (const dnnl::error& e) {  // the peak matmul is oneDNN's own, outside Layer's guard
+    std::fprintf(stderr, "oneDNN: %s\n", e.what());
+    return 1;
+  }
+}

@@ -2,7 +2,7 @@
 # oneDNN reference implementation (or the benchmark fails). Usage: cmake -DBENCH=... -P this.
 set(ENV{ONEDNN_VERBOSE} 1)
 execute_process(
-  COMMAND ${BENCH} --shapes small,ragged --reps 1 --peak-reps 1 --threads 2
+  COMMAND ${BENCH} --shapes small,ragged --reps 1 --threads 2
   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "attnserve_bench failed (${rc}):\n${out}\n${err}")

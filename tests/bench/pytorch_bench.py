@@ -82,20 +82,27 @@ def useful_flops(s):
                for l, k in zip(s["lengths"], s["kv_lengths"]))
 
 
-def median_ms(fn, reps):
-    fn()  # warm-up, not counted
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
+def alternating_median_ms(fns, reps):
+    """Medians of `reps` rounds calling every fn once in turn, after an untimed warm-up round:
+    a load change on the shared machine hits all of them alike (as attnserve_bench does)."""
+    for fn in fns:
         fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, t in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            t.append((time.perf_counter() - start) * 1e3)
+    return [statistics.median(t) for t in times]
 
 
-def peak_gflops(reps):
-    n = 4096
-    a, b = torch.rand(n, n), torch.rand(n, n)
-    return 2 * n ** 3 / median_ms(lambda: torch.matmul(a, b), reps) / 1e6
+PEAK_N = 4096
+
+
+def peak_call():
+    """A 4096^3 f32 matmul: the peak each shape's efficiency divides by."""
+    a, b = torch.rand(PEAK_N, PEAK_N), torch.rand(PEAK_N, PEAK_N)
+    return lambda: torch.matmul(a, b)
 
 
 def padding_mask(lengths, padded):
@@ -103,7 +110,8 @@ def padding_mask(lengths, padded):
     return torch.arange(padded).view(1, -1) >= torch.tensor(lengths).view(-1, 1)
 
 
-def run_shape(s, reps, peak, dtype):
+def run_shape(s, reps, peak_fn, dtype):
+    """Times one shape, its calls alternating with calls of `peak_fn`."""
     mha = nn.MultiheadAttention(s["d_model"], s["heads"], batch_first=True).eval().to(dtype)
     batch = len(s["lengths"])
     x = torch.rand(batch, s["padded"], s["d_model"], dtype=dtype) * 2 - 1
@@ -121,7 +129,8 @@ def run_shape(s, reps, peak, dtype):
             # padded query rows zeroed, as attnserve answers them
             return out.masked_fill(padding_mask(s["lengths"], s["padded"]).unsqueeze(-1), 0.0)
 
-    ms = median_ms(call, reps)
+    ms, peak_ms = alternating_median_ms([call, peak_fn], reps)
+    peak = 2 * PEAK_N ** 3 / peak_ms / 1e6
     useful = useful_flops(s) / ms / 1e6
     return dict(shape=s["name"], tokens=sum(s["lengths"]), ms=round(ms, 3),
                 useful_gflops=round(useful, 2), peak_gflops=round(peak, 2),
@@ -133,7 +142,6 @@ def main():
     p.add_argument("--shapes", default="bert,causal,ragged,cross,small,long")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--peak-reps", type=int, default=3)
     p.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     args = p.parse_args()
     if args.threads > 0:
@@ -143,9 +151,9 @@ def main():
     if unknown:
         p.error(f"unknown shapes {unknown} (known: {','.join(shapes)})")
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    peak = peak_gflops(args.peak_reps)
+    peak_fn = peak_call()
     for name in filter(None, args.shapes.split(",")):
-        print(json.dumps(run_shape(shapes[name], args.reps, peak, dtype)), flush=True)
+        print(json.dumps(run_shape(shapes[name], args.reps, peak_fn, dtype)), flush=True)
 
 
 if __name__ == "__main__":
