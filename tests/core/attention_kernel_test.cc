@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/attention_tiles.h"
@@ -300,6 +301,35 @@ TEST(AttentionKernelDispatchTest, RunAttentionMatchesTheOracle) {
   Build(c, pr);
   RunAttention(pr.p);
   ExpectMatchesReference(pr, "RunAttention");
+}
+
+TEST(AttentionKernelDispatchTest, ConcurrentCallersDoNotShareScratch) {
+  // Several models' workers may call RunAttention at once, each with its own OpenMP team.
+  Case a;
+  a.q_lengths = {300, 77};
+  a.kv_lengths = {300, 77};
+  a.causal = true;
+  a.fused = true;
+  a.seed = 61;
+  Case b;
+  b.q_lengths = {129};
+  b.kv_lengths = {450};
+  b.num_heads = 4;
+  b.head_dim = 24;
+  b.seed = 62;
+  Problem pa, pb;
+  Build(a, pa);
+  Build(b, pb);
+  std::thread ta([&] {
+    for (int i = 0; i < 3; ++i) RunAttention(pa.p);
+  });
+  std::thread tb([&] {
+    for (int i = 0; i < 3; ++i) RunAttention(pb.p);
+  });
+  ta.join();
+  tb.join();
+  ExpectMatchesReference(pa, "concurrent a");
+  ExpectMatchesReference(pb, "concurrent b");
 }
 
 TEST(AttentionKernelDispatchTest, ScratchGrowsLinearlyWithSequenceLength) {
