@@ -97,35 +97,49 @@ int64_t AttentionScratch(const Shape& shape) {
   return core::AttentionScratchBytes(problem);
 }
 
-// Runs one shape: padded input (and context) as a client would send them.
+// One shape's layer and padded input (and context), as a client would send them.
+struct ShapeCall {
+  std::shared_ptr<const core::Layer> layer;
+  std::vector<float> input, context, output;
+  core::ForwardArgs args;
+  absl::Status status;  // of the first failing call
+
+  void Run() {
+    if (status.ok()) status = layer->Forward(args, output);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<ShapeCall>> MakeShapeCall(const Shape& shape,
+                                                         core::Precision precision) {
+  auto layer = core::Layer::Create(RandomWeights(shape), precision);
+  if (!layer.ok()) return layer.status();
+  auto call = std::make_unique<ShapeCall>();
+  call->layer = *layer;
+  const int64_t batch = static_cast<int64_t>(shape.lengths.size());
+  call->input = RandomValues(batch * shape.padded * shape.d_model, 11);
+  call->args.kind = shape.kind;
+  call->args.input = {call->input.data(), shape.d_model, shape.lengths, shape.padded};
+  if (core::IsCross(shape.kind)) {
+    call->context = RandomValues(batch * shape.kv_padded * shape.d_context, 12);
+    call->args.context =
+        core::RaggedBatch{call->context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded};
+  }
+  call->output.resize(call->layer->Shapes(call->args).output_size());
+  return call;
+}
+
+// Runs one shape, its calls alternating with peak-matmul calls.
 absl::StatusOr<Result> RunShape(const Shape& shape, core::Precision precision, int reps,
                                 PeakMatmul& peak) {
-  auto layer = core::Layer::Create(RandomWeights(shape), precision);
   core::GetThreadScratch().Release();  // so scratch_mib is this shape's alone
-  if (!layer.ok()) return layer.status();
-  const int64_t batch = static_cast<int64_t>(shape.lengths.size());
-  const std::vector<float> input = RandomValues(batch * shape.padded * shape.d_model, 11);
-  std::vector<float> context;
-  core::ForwardArgs args;
-  args.kind = shape.kind;
-  args.input = {input.data(), shape.d_model, shape.lengths, shape.padded};
-  if (core::IsCross(shape.kind)) {
-    context = RandomValues(batch * shape.kv_padded * shape.d_context, 12);
-    args.context =
-        core::RaggedBatch{context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded};
-  }
-  std::vector<float> output((*layer)->Shapes(args).output_size());
-  absl::Status status;
-  const std::vector<double> ms = AlternatingMedianMs({[&] {
-                                                        if (status.ok())
-                                                          status = (*layer)->Forward(args, output);
-                                                      },
-                                                      [&] { peak.Run(); }},
-                                                     reps);
-  if (!status.ok()) return status;
+  absl::StatusOr<std::unique_ptr<ShapeCall>> call = MakeShapeCall(shape, precision);
+  if (!call.ok()) return call.status();
+  ShapeCall& c = **call;
+  const std::vector<double> ms = AlternatingMedianMs({[&] { c.Run(); }, [&] { peak.Run(); }}, reps);
+  if (!c.status.ok()) return c.status;
   Result r;
   r.shape = shape.name;
-  r.tokens = args.input.total_length();
+  r.tokens = c.args.input.total_length();
   r.ms = ms[0];
   r.useful_gflops = UsefulFlops(shape) / ms[0] / 1e6;
   r.peak_gflops = PeakMatmul::kFlops / ms[1] / 1e6;
@@ -251,17 +265,27 @@ std::function<void()> AttentionCall(const Shape& shape) {
 
 // One JSON line splitting `shape` into projections (ours) and attention (the kernel).
 void PrintBreakdown(const Shape& shape, int reps, PeakMatmul& peak_matmul) {
-  const std::vector<double> ms = AlternatingMedianMs(
-      {ProjectionCall(shape), AttentionCall(shape), [&] { peak_matmul.Run(); }}, reps);
-  const double proj_ms = ms[0], attn_ms = ms[1];
-  const double peak = PeakMatmul::kFlops / ms[2] / 1e6;
+  absl::StatusOr<std::unique_ptr<ShapeCall>> call = MakeShapeCall(shape, core::Precision::kF32);
+  if (!call.ok()) {
+    std::fprintf(stderr, "%s: %s\n", shape.name.c_str(), call.status().ToString().c_str());
+    return;
+  }
+  const std::vector<double> ms =
+      AlternatingMedianMs({ProjectionCall(shape), AttentionCall(shape), [&] { (*call)->Run(); },
+                           [&] { peak_matmul.Run(); }},
+                          reps);
+  const double proj_ms = ms[0], attn_ms = ms[1], layer_ms = ms[2];
+  const double peak = PeakMatmul::kFlops / ms[3] / 1e6;
   const double total = UsefulFlops(shape);
   const double proj_flops = ProjectionFlops(shape), attn_flops = total - proj_flops;
+  // "other": what Layer::Forward spends beyond the two (validation, packing, scattering).
   std::printf(
       "{\"shape\": \"%s\", \"proj_ms\": %.3f, \"proj_efficiency\": %.4f, \"attn_ms\": %.3f, "
-      "\"attn_efficiency\": %.4f, \"attn_share_of_flops\": %.3f, \"peak_gflops\": %.2f}\n",
+      "\"attn_efficiency\": %.4f, \"layer_ms\": %.3f, \"other_ms\": %.3f, "
+      "\"attn_share_of_flops\": %.3f, \"peak_gflops\": %.2f}\n",
       shape.name.c_str(), proj_ms, proj_flops / proj_ms / 1e6 / peak, attn_ms,
-      attn_flops / attn_ms / 1e6 / peak, attn_flops / total, peak);
+      attn_flops / attn_ms / 1e6 / peak, layer_ms, layer_ms - proj_ms - attn_ms, attn_flops / total,
+      peak);
   std::fflush(stdout);
 }
 
