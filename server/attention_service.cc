@@ -1,5 +1,6 @@
 #include "server/attention_service.h"
 
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -38,32 +39,37 @@ grpc::ServerUnaryReactor* AttentionService::Forward(grpc::CallbackServerContext*
                                                     const v1::ForwardRequest* request,
                                                     v1::ForwardResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!accepting_.load()) {
-    FinishRefused(reactor, absl::UnavailableError("the server is shutting down"), *request);
-    return reactor;
+  // Nothing may escape into gRPC's thread: a throw (bad_alloc copying a huge misaligned
+  // tensor) before the call is handed off is answered here.
+  try {
+    absl::Status status = Accept(context, reactor, request, response);
+    if (!status.ok()) FinishRefused(reactor, status, *request);
+  } catch (const std::exception& e) {
+    FinishRefused(reactor, absl::InternalError(absl::StrCat("cannot take the call: ", e.what())),
+                  *request);
   }
-  absl::StatusOr<ServedModel*> model = registry_->Find(request->model());
-  if (!model.ok()) {
-    FinishRefused(reactor, model.status(), *request);
-    return reactor;
-  }
-  auto call = std::make_unique<ForwardCall>(context, reactor, request, response, (*model)->name);
-  absl::Status status = call->Decode();
-  if (status.ok()) status = (*model)->layer->Validate(call->args());
-  if (status.ok()) {
-    const int64_t bytes = ReplyBytes((*model)->layer->Shapes(call->args()));
-    if (bytes > max_message_bytes_) {
-      status = absl::ResourceExhaustedError(absl::StrCat(
-          "the reply would take ", bytes, " bytes, over the limit of ", max_message_bytes_,
-          " (--max-message-mib)"));
-    }
-  }
-  if (!status.ok()) {
-    FinishRefused(reactor, status, *request);
-    return reactor;
-  }
-  (*model)->scheduler->Submit(std::move(call));
   return reactor;
+}
+
+absl::Status AttentionService::Accept(grpc::CallbackServerContext* context,
+                                      grpc::ServerUnaryReactor* reactor,
+                                      const v1::ForwardRequest* request,
+                                      v1::ForwardResponse* response) {
+  if (!accepting_.load()) return absl::UnavailableError("the server is shutting down");
+  absl::StatusOr<ServedModel*> model = registry_->Find(request->model());
+  if (!model.ok()) return model.status();
+  auto call = std::make_unique<ForwardCall>(context, reactor, request, response, (*model)->name);
+  if (absl::Status status = call->Decode(); !status.ok()) return status;
+  if (absl::Status status = (*model)->layer->Validate(call->args()); !status.ok()) return status;
+  const int64_t bytes = ReplyBytes((*model)->layer->Shapes(call->args()));
+  if (bytes > max_message_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat("the reply would take ", bytes,
+                                                     " bytes, over the limit of ",
+                                                     max_message_bytes_, " (--max-message-mib)"));
+  }
+  // From here the scheduler answers the call, whatever happens.
+  (*model)->scheduler->Submit(std::move(call));
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerContext* context,

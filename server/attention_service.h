@@ -28,6 +28,10 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   void StopAccepting() { accepting_.store(false); }
 
  private:
+  // Checks the call and hands it to its model's scheduler; an error means the caller answers.
+  absl::Status Accept(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+                      const v1::ForwardRequest* request, v1::ForwardResponse* response);
+
   ModelRegistry* const registry_;
   const int64_t max_message_bytes_;
   std::atomic<bool> accepting_{true};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -143,17 +144,27 @@ void Scheduler::RunBatch(std::vector<std::unique_ptr<Job>> jobs) {
   }
   if (live.empty()) return;
   std::lock_guard compute(*compute_mutex_);
-  if (live.size() == 1) {
-    RunOne(*live.front());
-  } else {
-    RunMerged(live);
+  // Core reports errors as values, but allocating a reply can still throw (bad_alloc): the
+  // calls not yet answered are answered Internal, and the worker lives on.
+  try {
+    if (live.size() == 1) {
+      RunOne(live.front());
+    } else {
+      RunMerged(live);
+    }
+  } catch (const std::exception& e) {
+    for (auto& job : live) {
+      if (job) job->Finish(absl::InternalError(absl::StrCat("compute failed: ", e.what())), 0);
+    }
   }
 }
 
-void Scheduler::RunOne(Job& job) {
-  const core::ForwardShapes shapes = layer_->Shapes(job.args());
-  const ForwardBuffers buffers = job.Buffers(shapes);
-  job.Finish(layer_->Forward(job.args(), buffers.output, buffers.attention), 1);
+void Scheduler::RunOne(std::unique_ptr<Job>& job) {
+  const core::ForwardShapes shapes = layer_->Shapes(job->args());
+  const ForwardBuffers buffers = job->Buffers(shapes);
+  const absl::Status status = layer_->Forward(job->args(), buffers.output, buffers.attention);
+  job->Finish(status, 1);
+  job.reset();
 }
 
 void Scheduler::RunMerged(std::vector<std::unique_ptr<Job>>& jobs) {
@@ -176,7 +187,10 @@ void Scheduler::RunMerged(std::vector<std::unique_ptr<Job>>& jobs) {
   const absl::Status status = layer_->Forward(merged, output);
   const int batch_size = static_cast<int>(jobs.size());
   if (!status.ok()) {
-    for (auto& job : jobs) job->Finish(status, batch_size);
+    for (auto& job : jobs) {
+      job->Finish(status, batch_size);
+      job.reset();
+    }
     return;
   }
   // Splits the packed output back into each call's own layout; padded rows stay 0.
@@ -192,6 +206,7 @@ void Scheduler::RunMerged(std::vector<std::unique_ptr<Job>>& jobs) {
       src += count;
     }
     job->Finish(absl::OkStatus(), batch_size);
+    job.reset();
   }
 }
 

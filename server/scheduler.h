@@ -76,7 +76,8 @@ class Scheduler {
   void WorkerLoop();
   std::vector<std::unique_ptr<Job>> TakeBatchLocked();
   void RunBatch(std::vector<std::unique_ptr<Job>> jobs);
-  void RunOne(Job& job);
+  // Both answer each job and reset its pointer, so a throw leaves only the unanswered ones.
+  void RunOne(std::unique_ptr<Job>& job);
   void RunMerged(std::vector<std::unique_ptr<Job>>& jobs);
 
   const std::string model_name_;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/runtime_info.h"
+#include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
@@ -69,6 +70,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
+  // Without this a second server on a busy port would bind it too (SO_REUSEPORT) and split
+  // the traffic, instead of failing to start.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (options.grpc_threads > 0) {
     grpc::ResourceQuota quota("attnserve");
     quota.SetMaxThreads(options.grpc_threads);

@@ -128,6 +128,18 @@ TEST(ProcessTest, AModelThatFailsToLoadStopsStartUpWithTheLoadersMessage) {
   }
 }
 
+TEST(ProcessTest, ABusyPortStopsStartUp) {
+  const std::string port_file = TempPath("busy.port");
+  ChildServer first({"--listen", "127.0.0.1:0", "--port-file", port_file}, TempPath("busy1.log"));
+  const int port = first.WaitForPort(port_file, seconds(20));
+  ASSERT_GT(port, 0) << first.Output();
+  ChildServer second({"--listen", "127.0.0.1:" + std::to_string(port)}, TempPath("busy2.log"));
+  EXPECT_NE(second.Wait(seconds(20)), 0) << second.Output();
+  EXPECT_NE(second.Output().find("cannot listen"), std::string::npos) << second.Output();
+  first.Signal(SIGTERM);
+  EXPECT_EQ(first.Wait(seconds(20)), 0);
+}
+
 TEST(ProcessTest, JsonLogsAreOneObjectPerLine) {
   const std::string port_file = TempPath("json.port");
   ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--log-format", "json",
