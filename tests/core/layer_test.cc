@@ -308,6 +308,20 @@ TEST_F(LayerTest, QueryWithoutKeysGetsTheOutputBias) {
   }
 }
 
+TEST_F(LayerTest, EmptyContextGivesTheOutputBiasEverywhere) {
+  ForwardArgs args = CrossArgs();
+  args.kind = AttentionKind::kCausalCross;
+  args.context->lengths = {0, 0, 0};
+  const std::vector<float> out = Run(args);
+  const LayerWeights w = MakeDemoWeights();
+  for (int64_t r = 0; r < 48; ++r) {
+    const bool valid = r % 16 < args.input.lengths[r / 16];
+    for (int64_t col = 0; col < d_; ++col) {
+      ASSERT_NEAR(out[r * d_ + col], valid ? w.b_o[col] : 0.0f, 1e-6) << r;
+    }
+  }
+}
+
 TEST_F(LayerTest, ProbabilitiesAreMaskedAndNormalised) {
   ForwardArgs args = SelfArgs();
   args.kind = AttentionKind::kCausal;
