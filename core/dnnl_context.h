@@ -68,10 +68,12 @@ class ScratchBuffer {
  public:
   // At least `bytes` bytes; the contents are unspecified after growth.
   void* Get(size_t bytes);
+  // Get() for `count` elements of T.
   template <typename T>
   T* As(int64_t count) {
     return static_cast<T*>(Get(static_cast<size_t>(count) * sizeof(T)));
   }
+  // Bytes held now.
   size_t capacity() const { return capacity_; }
   // Frees the memory (the next Get allocates again).
   void Release() {
@@ -90,11 +92,11 @@ class ScratchBuffer {
 // The buffers of one thread's Layer::Forward calls, kept between calls (thread_local, so
 // concurrent calls on one Layer never share scratch).
 struct ThreadScratch {
-  ScratchBuffer input;        // the valid tokens of the input, packed (and bf16 when asked)
-  ScratchBuffer context;      // the same for a cross context
-  ScratchBuffer qkv;          // Q|K|V rows for self kinds, Q rows for cross kinds
-  ScratchBuffer kv;           // K|V rows of the context
-  ScratchBuffer attention;    // the attention result, [tokens, inner]
+  ScratchBuffer input;      // the packed input tokens (bf16 when asked), then the projected output
+  ScratchBuffer context;    // the same for a cross context
+  ScratchBuffer qkv;        // Q|K|V rows for self kinds, Q rows for cross kinds
+  ScratchBuffer kv;         // K|V rows of the context
+  ScratchBuffer attention;  // the attention result, [tokens, inner]
   ScratchBuffer attention16;  // its bf16 copy for the output projection
   ScratchBuffer scratchpad;   // oneDNN's (scratchpad_mode::user)
 
