@@ -20,12 +20,18 @@ int64_t ReplyBytes(const core::ForwardShapes& shapes) {
 // The layout names the wire contract (ModelInfo.layout) promises.
 const char* WireLayoutName(core::WeightLayout layout) {
   switch (layout) {
-    case core::WeightLayout::kSeparate: return "separate";
-    case core::WeightLayout::kQueryKeyValue: return "query_key_value";
-    case core::WeightLayout::kFusedQkv: return "fused_qkv";
-    case core::WeightLayout::kQueryKv: return "query_kv";
-    case core::WeightLayout::kTorchMha: return "torch_mha";
-    case core::WeightLayout::kBuiltIn: return "built_in";
+    case core::WeightLayout::kSeparate:
+      return "separate";
+    case core::WeightLayout::kQueryKeyValue:
+      return "query_key_value";
+    case core::WeightLayout::kFusedQkv:
+      return "fused_qkv";
+    case core::WeightLayout::kQueryKv:
+      return "query_kv";
+    case core::WeightLayout::kTorchMha:
+      return "torch_mha";
+    case core::WeightLayout::kBuiltIn:
+      return "built_in";
   }
   return "unknown";
 }
@@ -95,9 +101,9 @@ v1::ModelInfo DescribeModel(const ServedModel& model) {
   info.set_has_bias(spec.has_bias);
   info.set_has_output_projection(spec.has_output_projection);
   info.set_precision(std::string(core::PrecisionName(model.layer->precision())));
-  for (core::AttentionKind kind : {core::AttentionKind::kBidirectional,
-                                   core::AttentionKind::kCausal, core::AttentionKind::kCross,
-                                   core::AttentionKind::kCausalCross}) {
+  for (core::AttentionKind kind :
+       {core::AttentionKind::kBidirectional, core::AttentionKind::kCausal,
+        core::AttentionKind::kCross, core::AttentionKind::kCausalCross}) {
     if (core::IsCross(kind) || spec.serves_self_attention()) info.add_kinds(KindToProto(kind));
   }
   info.set_source(model.source);

@@ -50,14 +50,19 @@ void ForwardCall::Finish(const absl::Status& status, int batch_size) {
   if (status.ok()) {
     if (LogEnabled(LogLevel::kDebug)) {
       Log(LogLevel::kDebug, "forward",
-          {{"model", model_name_}, {"kind", std::string(core::KindName(args.kind))},
-           {"batch", args.input.batch()}, {"tokens", args.input.total_length()},
-           {"merged", batch_size}, {"ms", ms}});
+          {{"model", model_name_},
+           {"kind", std::string(core::KindName(args.kind))},
+           {"batch", args.input.batch()},
+           {"tokens", args.input.total_length()},
+           {"merged", batch_size},
+           {"ms", ms}});
     }
   } else {
     Log(LogLevel::kWarn, "forward failed",
-        {{"model", model_name_}, {"code", absl::StatusCodeToString(status.code())},
-         {"error", std::string(status.message())}, {"ms", ms}});
+        {{"model", model_name_},
+         {"code", absl::StatusCodeToString(status.code())},
+         {"error", std::string(status.message())},
+         {"ms", ms}});
   }
   // After this the request and response belong to gRPC again: touch nothing.
   reactor_->Finish(ToGrpcStatus(status));
@@ -66,7 +71,8 @@ void ForwardCall::Finish(const absl::Status& status, int batch_size) {
 void FinishRefused(grpc::ServerUnaryReactor* reactor, const absl::Status& status,
                    const v1::ForwardRequest& request) {
   Log(LogLevel::kWarn, "forward refused",
-      {{"model", request.model()}, {"code", absl::StatusCodeToString(status.code())},
+      {{"model", request.model()},
+       {"code", absl::StatusCodeToString(status.code())},
        {"error", std::string(status.message())}});
   reactor->Finish(ToGrpcStatus(status));
 }

@@ -31,12 +31,13 @@ absl::StatusOr<int64_t> ElementCount(const v1::Tensor& tensor, absl::string_view
   for (int i = 0; i < rank; ++i) {
     const int64_t dim = tensor.shape(i);
     if (dim <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": shape [", absl::StrJoin(tensor.shape(), ", "), "] has a non-positive dimension"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": shape [",
+                                                     absl::StrJoin(tensor.shape(), ", "),
+                                                     "] has a non-positive dimension"));
     }
     if (count > std::numeric_limits<int64_t>::max() / 4 / dim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": shape [", absl::StrJoin(tensor.shape(), ", "), "] is too large"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": shape [", absl::StrJoin(tensor.shape(), ", "), "] is too large"));
     }
     count *= dim;
   }
@@ -49,9 +50,9 @@ absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_v
   const bool has_values = tensor.values_size() > 0;
   const bool has_raw = !tensor.raw().empty();
   if (has_values == has_raw) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, has_values ? ": both values and raw are set; send exactly one"
-                         : ": no data (neither values nor raw is set)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, has_values ? ": both values and raw are set; send exactly one"
+                                      : ": no data (neither values nor raw is set)"));
   }
   *raw = has_raw;
   const float* data = nullptr;
@@ -64,12 +65,12 @@ absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_v
   } else {
     const std::string& bytes = tensor.raw();
     if (bytes.size() % sizeof(float) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": raw holds ", bytes.size(), " bytes, not a multiple of 4 (float32)"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": raw holds ", bytes.size(),
+                                                     " bytes, not a multiple of 4 (float32)"));
     }
     if (static_cast<int64_t>(bytes.size() / sizeof(float)) != count) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": raw holds ", bytes.size() / 4,
-                                                     " floats for a shape of ", count, " elements"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": raw holds ", bytes.size() / 4, " floats for a shape of ", count, " elements"));
     }
     if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
       data = reinterpret_cast<const float*>(bytes.data());
@@ -117,8 +118,8 @@ absl::Status DecodeLengths(const v1::Tensor& tensor, const Lengths& lengths, abs
       return absl::OkStatus();
     }
     if (lengths.size() != batch_size) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": ", lengths.size(),
-                                                     " lengths for a batch of ", batch_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", lengths.size(), " lengths for a batch of ", batch_size));
     }
   }
   batch->lengths.assign(lengths.begin(), lengths.end());
@@ -161,10 +162,14 @@ std::span<float> SizeTensor(const std::vector<int64_t>& shape, int64_t count, bo
 
 absl::StatusOr<core::AttentionKind> KindFromProto(int kind) {
   switch (kind) {
-    case v1::ATTENTION_KIND_BIDIRECTIONAL: return core::AttentionKind::kBidirectional;
-    case v1::ATTENTION_KIND_CAUSAL: return core::AttentionKind::kCausal;
-    case v1::ATTENTION_KIND_CROSS: return core::AttentionKind::kCross;
-    case v1::ATTENTION_KIND_CAUSAL_CROSS: return core::AttentionKind::kCausalCross;
+    case v1::ATTENTION_KIND_BIDIRECTIONAL:
+      return core::AttentionKind::kBidirectional;
+    case v1::ATTENTION_KIND_CAUSAL:
+      return core::AttentionKind::kCausal;
+    case v1::ATTENTION_KIND_CROSS:
+      return core::AttentionKind::kCross;
+    case v1::ATTENTION_KIND_CAUSAL_CROSS:
+      return core::AttentionKind::kCausalCross;
     case v1::ATTENTION_KIND_UNSPECIFIED:
       return absl::InvalidArgumentError(
           "kind is unspecified: say BIDIRECTIONAL, CAUSAL, CROSS or CAUSAL_CROSS");
@@ -175,10 +180,14 @@ absl::StatusOr<core::AttentionKind> KindFromProto(int kind) {
 
 v1::AttentionKind KindToProto(core::AttentionKind kind) {
   switch (kind) {
-    case core::AttentionKind::kBidirectional: return v1::ATTENTION_KIND_BIDIRECTIONAL;
-    case core::AttentionKind::kCausal: return v1::ATTENTION_KIND_CAUSAL;
-    case core::AttentionKind::kCross: return v1::ATTENTION_KIND_CROSS;
-    case core::AttentionKind::kCausalCross: return v1::ATTENTION_KIND_CAUSAL_CROSS;
+    case core::AttentionKind::kBidirectional:
+      return v1::ATTENTION_KIND_BIDIRECTIONAL;
+    case core::AttentionKind::kCausal:
+      return v1::ATTENTION_KIND_CAUSAL;
+    case core::AttentionKind::kCross:
+      return v1::ATTENTION_KIND_CROSS;
+    case core::AttentionKind::kCausalCross:
+      return v1::ATTENTION_KIND_CAUSAL_CROSS;
   }
   return v1::ATTENTION_KIND_UNSPECIFIED;
 }

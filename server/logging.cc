@@ -20,13 +20,20 @@ struct LoggerState {
 
 spdlog::level::level_enum ToSpdlog(LogLevel level) {
   switch (level) {
-    case LogLevel::kTrace: return spdlog::level::trace;
-    case LogLevel::kDebug: return spdlog::level::debug;
-    case LogLevel::kInfo: return spdlog::level::info;
-    case LogLevel::kWarn: return spdlog::level::warn;
-    case LogLevel::kError: return spdlog::level::err;
-    case LogLevel::kCritical: return spdlog::level::critical;
-    case LogLevel::kOff: return spdlog::level::off;
+    case LogLevel::kTrace:
+      return spdlog::level::trace;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarn:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+    case LogLevel::kCritical:
+      return spdlog::level::critical;
+    case LogLevel::kOff:
+      return spdlog::level::off;
   }
   return spdlog::level::info;
 }
@@ -42,8 +49,10 @@ std::string JsonValue(const LogField& field) {
   return std::visit(
       [](const auto& v) -> std::string {
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::string>) return JsonString(v);
-        else return nlohmann::json(v).dump();
+        if constexpr (std::is_same_v<T, std::string>)
+          return JsonString(v);
+        else
+          return nlohmann::json(v).dump();
       },
       field.value);
 }
@@ -69,8 +78,8 @@ std::string TextValue(const LogField& field) {
 LoggerState& State() {
   static LoggerState* state = [] {
     auto* s = new LoggerState;
-    s->logger = std::make_shared<spdlog::logger>(
-        "attnserve", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    s->logger = std::make_shared<spdlog::logger>("attnserve",
+                                                 std::make_shared<spdlog::sinks::stderr_sink_mt>());
     s->logger->set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %l %v", spdlog::pattern_time_type::utc);
     s->logger->set_level(spdlog::level::info);
     return s;
@@ -101,8 +110,7 @@ absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name) {
 absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name) {
   if (name == "text") return LogFormat::kText;
   if (name == "json") return LogFormat::kJson;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown log format '", name, "' (text or json)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown log format '", name, "' (text or json)"));
 }
 
 void InitLogging(LogLevel level, LogFormat format) {

@@ -7,11 +7,11 @@
 #include <concepts>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace attnserve::server {
 

@@ -52,8 +52,7 @@ void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--max-message-mib", o.max_message_mib,
                  "Largest request or reply in MiB; larger ones get RESOURCE_EXHAUSTED")
       ->capture_default_str();
-  app.add_option("--max-queue", o.max_queue,
-                 "Calls waiting per model; more get RESOURCE_EXHAUSTED")
+  app.add_option("--max-queue", o.max_queue, "Calls waiting per model; more get RESOURCE_EXHAUSTED")
       ->capture_default_str();
   app.add_option("--max-batch-tokens", o.max_batch_tokens,
                  "Dynamic batching: queued calls of the same kind are merged into one run of up "
@@ -91,8 +90,9 @@ int Fail(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   const sigset_t signals = BlockShutdownSignals();
-  CLI::App app{"attnserve: serves the forward pass of trained multi-head attention layers "
-               "over gRPC (attnserve.v1.AttentionService)"};
+  CLI::App app{
+      "attnserve: serves the forward pass of trained multi-head attention layers "
+      "over gRPC (attnserve.v1.AttentionService)"};
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);
@@ -105,8 +105,7 @@ int main(int argc, char** argv) {
   attnserve::server::InitLogging(*level, *format);
 
   for (const std::string& flag : flags.models) {
-    absl::StatusOr<attnserve::server::ModelConfig> model =
-        attnserve::server::ParseModelFlag(flag);
+    absl::StatusOr<attnserve::server::ModelConfig> model = attnserve::server::ParseModelFlag(flag);
     if (!model.ok()) return Fail(model.status());
     flags.options.models.push_back(*std::move(model));
   }

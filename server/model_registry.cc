@@ -31,8 +31,8 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Load(
   for (const ModelConfig& config : wanted) {
     absl::StatusOr<std::shared_ptr<const core::Layer>> layer = LoadLayer(config);
     if (!layer.ok()) {
-      return absl::Status(layer.status().code(), absl::StrCat("model '", config.name, "': ",
-                                                              layer.status().message()));
+      return absl::Status(layer.status().code(),
+                          absl::StrCat("model '", config.name, "': ", layer.status().message()));
     }
     auto model = std::make_unique<ServedModel>();
     model->name = config.name;

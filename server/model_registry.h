@@ -4,10 +4,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/layer.h"
 #include "server/options.h"
 #include "server/scheduler.h"

@@ -133,9 +133,9 @@ void Scheduler::RunBatch(std::vector<std::unique_ptr<Job>> jobs) {
   }
   std::vector<std::unique_ptr<Job>> live;
   for (auto& job : jobs) {
-    absl::Status alive = grace_over ? absl::UnavailableError(
-                                          "the server shut down before the call could run")
-                                    : job->CheckAlive();
+    absl::Status alive =
+        grace_over ? absl::UnavailableError("the server shut down before the call could run")
+                   : job->CheckAlive();
     if (alive.ok()) {
       live.push_back(std::move(job));
     } else {
@@ -201,8 +201,7 @@ void Scheduler::RunMerged(std::vector<std::unique_ptr<Job>>& jobs) {
     const ForwardBuffers buffers = job->Buffers(layer_->Shapes(job->args()));
     for (int64_t b = 0; b < input.batch(); ++b) {
       const int64_t count = input.lengths[b] * width;
-      std::memcpy(buffers.output.data() + input.row_offset(b) * width, src,
-                  count * sizeof(float));
+      std::memcpy(buffers.output.data() + input.row_offset(b) * width, src, count * sizeof(float));
       src += count;
     }
     job->Finish(absl::OkStatus(), batch_size);

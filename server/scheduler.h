@@ -40,9 +40,9 @@ class Job {
 
 // How a scheduler queues and batches.
 struct SchedulerOptions {
-  int max_queue = 128;             // queued jobs before Submit refuses with ResourceExhausted
+  int max_queue = 128;              // queued jobs before Submit refuses with ResourceExhausted
   int64_t max_batch_tokens = 4096;  // tokens (input + context) one merged run may hold; 0: off
-  int compute_threads = 0;         // OpenMP threads of the worker; 0: the default (every core)
+  int compute_threads = 0;          // OpenMP threads of the worker; 0: the default (every core)
 };
 
 // A model's queue and its worker thread, which runs Layer::Forward (oneDNN uses every core

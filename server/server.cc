@@ -117,11 +117,14 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
 void Server::LogSummary(const ServerOptions& options) const {
   const core::RuntimeInfo runtime = core::GetRuntimeInfo();
   Log(LogLevel::kInfo, "attnserve listening",
-      {{"address", address_}, {"models", static_cast<int64_t>(registry_->models().size())},
-       {"onednn", runtime.dnnl_version}, {"isa", runtime.cpu_isa},
-       {"compute_threads", options.compute_threads > 0 ? options.compute_threads
-                                                       : runtime.compute_threads},
-       {"max_message_mib", options.max_message_mib}, {"max_queue", options.max_queue},
+      {{"address", address_},
+       {"models", static_cast<int64_t>(registry_->models().size())},
+       {"onednn", runtime.dnnl_version},
+       {"isa", runtime.cpu_isa},
+       {"compute_threads",
+        options.compute_threads > 0 ? options.compute_threads : runtime.compute_threads},
+       {"max_message_mib", options.max_message_mib},
+       {"max_queue", options.max_queue},
        {"max_batch_tokens", options.max_batch_tokens}});
   for (const auto& model : registry_->models()) {
     const v1::ModelInfo info = DescribeModel(*model);
@@ -130,11 +133,17 @@ void Server::LogSummary(const ServerOptions& options) const {
       kinds.push_back(absl::AsciiStrToLower(v1::AttentionKind_Name(kind).substr(15)));
     }
     Log(LogLevel::kInfo, "model loaded",
-        {{"name", info.name()}, {"source", info.source()}, {"layout", info.layout()},
-         {"d_model", info.d_model()}, {"d_context", info.d_context()},
-         {"num_heads", info.num_heads()}, {"head_dim", info.head_dim()},
-         {"bias", info.has_bias()}, {"output_projection", info.has_output_projection()},
-         {"precision", info.precision()}, {"kinds", absl::StrJoin(kinds, ",")}});
+        {{"name", info.name()},
+         {"source", info.source()},
+         {"layout", info.layout()},
+         {"d_model", info.d_model()},
+         {"d_context", info.d_context()},
+         {"num_heads", info.num_heads()},
+         {"head_dim", info.head_dim()},
+         {"bias", info.has_bias()},
+         {"output_projection", info.has_output_projection()},
+         {"precision", info.precision()},
+         {"kinds", absl::StrJoin(kinds, ",")}});
   }
 }
 

@@ -93,7 +93,8 @@ TEST(LoadTest, RequestOverTheMessageLimitIsResourceExhausted) {
   {
     v1::ForwardResponse response;
     grpc::ClientContext context;
-    const grpc::Status status = stub->Forward(&context, HeavyDemoCall(2, 1024), &response);  // 2 MiB
+    const grpc::Status status =
+        stub->Forward(&context, HeavyDemoCall(2, 1024), &response);  // 2 MiB
     EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
   }
   {
@@ -151,9 +152,8 @@ TEST(LoadTest, DeadlinesAndCancellationWhileQueuedAreAnswered) {
   ASSERT_NE(server, nullptr);
   auto stub = v1::AttentionService::NewStub(Connect(server->port()));
   // Keep the worker busy, then queue calls that expire or are cancelled behind it.
-  std::thread busy([&] {
-    FireTogether(server->port(), 2, HeavyDemoCall(8, 512), std::chrono::seconds(30));
-  });
+  std::thread busy(
+      [&] { FireTogether(server->port(), 2, HeavyDemoCall(8, 512), std::chrono::seconds(30)); });
   for (int i = 0; i < 2000 && server->pending_calls() < 2; ++i) {
     std::this_thread::sleep_for(milliseconds(1));
   }
@@ -183,9 +183,8 @@ TEST(ShutdownTest, HealthGoesNotServingNewCallsAreRefusedQueuedCallsFinish) {
   ASSERT_NE(server, nullptr);
   const int port = server->port();
   std::vector<grpc::StatusCode> queued;
-  std::thread callers([&] {
-    queued = FireTogether(port, 4, HeavyDemoCall(8, 512), std::chrono::seconds(30));
-  });
+  std::thread callers(
+      [&] { queued = FireTogether(port, 4, HeavyDemoCall(8, 512), std::chrono::seconds(30)); });
   for (int i = 0; i < 2000 && server->pending_calls() < 4; ++i) {
     std::this_thread::sleep_for(milliseconds(1));
   }

@@ -67,11 +67,13 @@ std::vector<BadCase> BadCases() {
        StatusCode::INVALID_ARGUMENT},
       {"kind unspecified", with([](auto& r) { r.set_kind(v1::ATTENTION_KIND_UNSPECIFIED); }),
        StatusCode::INVALID_ARGUMENT},
-      {"kind unknown number",
-       with([](auto& r) { r.set_kind(static_cast<v1::AttentionKind>(42)); }),
+      {"kind unknown number", with([](auto& r) { r.set_kind(static_cast<v1::AttentionKind>(42)); }),
        StatusCode::INVALID_ARGUMENT},
       {"no input", with([](auto& r) { r.clear_input(); }), StatusCode::INVALID_ARGUMENT},
-      {"input rank 1", with([](auto& r) { r.mutable_input()->mutable_shape()->RemoveLast(); r.mutable_input()->mutable_shape()->RemoveLast(); }),
+      {"input rank 1", with([](auto& r) {
+         r.mutable_input()->mutable_shape()->RemoveLast();
+         r.mutable_input()->mutable_shape()->RemoveLast();
+       }),
        StatusCode::INVALID_ARGUMENT},
       {"input rank 4", with([](auto& r) { r.mutable_input()->add_shape(1); }),
        StatusCode::INVALID_ARGUMENT},
@@ -79,8 +81,7 @@ std::vector<BadCase> BadCases() {
        StatusCode::INVALID_ARGUMENT},
       {"negative dimension", with([](auto& r) { r.mutable_input()->set_shape(0, -2); }),
        StatusCode::INVALID_ARGUMENT},
-      {"shape overflows int64",
-       with([](auto& r) {
+      {"shape overflows int64", with([](auto& r) {
          r.mutable_input()->set_shape(0, int64_t{1} << 40);
          r.mutable_input()->set_shape(1, int64_t{1} << 40);
        }),
@@ -90,14 +91,12 @@ std::vector<BadCase> BadCases() {
        StatusCode::INVALID_ARGUMENT},
       {"neither values nor raw", with([](auto& r) { r.mutable_input()->clear_values(); }),
        StatusCode::INVALID_ARGUMENT},
-      {"raw not a multiple of 4",
-       with([](auto& r) {
+      {"raw not a multiple of 4", with([](auto& r) {
          r.mutable_input()->clear_values();
          r.mutable_input()->set_raw(std::string(2 * 4 * kDemoWidth * 4 - 2, '\0'));
        }),
        StatusCode::INVALID_ARGUMENT},
-      {"raw size does not match shape",
-       with([](auto& r) {
+      {"raw size does not match shape", with([](auto& r) {
          r.mutable_input()->clear_values();
          r.mutable_input()->set_raw(std::string(2 * 3 * kDemoWidth * 4, '\0'));
        }),
@@ -107,32 +106,27 @@ std::vector<BadCase> BadCases() {
        StatusCode::INVALID_ARGUMENT},
       {"NaN in values", with([nan](auto& r) { r.mutable_input()->set_values(5, nan); }),
        StatusCode::INVALID_ARGUMENT},
-      {"infinity in raw",
-       with([inf](auto& r) {
+      {"infinity in raw", with([inf](auto& r) {
          std::vector<float> v = Ramp(2 * 4 * kDemoWidth);
          v[100] = -inf;
          *r.mutable_input() = MakeTensor({2, 4, kDemoWidth}, v, true);
        }),
        StatusCode::INVALID_ARGUMENT},
-      {"width is not d_model",
-       with([](auto& r) {
+      {"width is not d_model", with([](auto& r) {
          *r.mutable_input() = MakeTensor({2, 4, 128}, Ramp(2 * 4 * 128), false);
        }),
        StatusCode::INVALID_ARGUMENT},
       {"lengths count is not B", with([](auto& r) { r.add_lengths(1); }),
        StatusCode::INVALID_ARGUMENT},
-      {"length past S", with([](auto& r) { r.set_lengths(1, 5); }),
-       StatusCode::INVALID_ARGUMENT},
+      {"length past S", with([](auto& r) { r.set_lengths(1, 5); }), StatusCode::INVALID_ARGUMENT},
       {"negative length", with([](auto& r) { r.set_lengths(1, -1); }),
        StatusCode::INVALID_ARGUMENT},
-      {"packed lengths do not sum to T",
-       with([](auto& r) {
+      {"packed lengths do not sum to T", with([](auto& r) {
          *r.mutable_input() = MakeTensor({6, kDemoWidth}, Ramp(6 * kDemoWidth), true);
          r.set_lengths(1, 3);
        }),
        StatusCode::INVALID_ARGUMENT},
-      {"packed negative length",
-       with([](auto& r) {
+      {"packed negative length", with([](auto& r) {
          *r.mutable_input() = MakeTensor({6, kDemoWidth}, Ramp(6 * kDemoWidth), true);
          r.set_lengths(0, 8);
          r.set_lengths(1, -2);
@@ -144,15 +138,19 @@ std::vector<BadCase> BadCases() {
        with([](auto& r) { r.set_kind(v1::ATTENTION_KIND_CAUSAL); }, /*cross=*/true),
        StatusCode::INVALID_ARGUMENT},
       {"context width is not d_context",
-       with([](auto& r) {
-         *r.mutable_context() = MakeTensor({2, 3, 64}, Ramp(2 * 3 * 64), false);
-       }, true),
+       with(
+           [](auto& r) {
+             *r.mutable_context() = MakeTensor({2, 3, 64}, Ramp(2 * 3 * 64), false);
+           },
+           true),
        StatusCode::INVALID_ARGUMENT},
       {"context batch is not input batch",
-       with([](auto& r) {
-         *r.mutable_context() = MakeTensor({3, 3, kDemoWidth}, Ramp(3 * 3 * kDemoWidth), false);
-         r.add_context_lengths(2);
-       }, true),
+       with(
+           [](auto& r) {
+             *r.mutable_context() = MakeTensor({3, 3, kDemoWidth}, Ramp(3 * 3 * kDemoWidth), false);
+             r.add_context_lengths(2);
+           },
+           true),
        StatusCode::INVALID_ARGUMENT},
       {"context lengths count is not its batch",
        with([](auto& r) { r.mutable_context_lengths()->RemoveLast(); }, true),
@@ -160,16 +158,17 @@ std::vector<BadCase> BadCases() {
       {"context length past its S", with([](auto& r) { r.set_context_lengths(0, 4); }, true),
        StatusCode::INVALID_ARGUMENT},
       {"NaN in context",
-       with([nan](auto& r) {
-         std::vector<float> v = Ramp(2 * 3 * kDemoWidth);
-         v[7] = nan;
-         *r.mutable_context() = MakeTensor({2, 3, kDemoWidth}, v, false);
-       }, true),
+       with(
+           [nan](auto& r) {
+             std::vector<float> v = Ramp(2 * 3 * kDemoWidth);
+             v[7] = nan;
+             *r.mutable_context() = MakeTensor({2, 3, kDemoWidth}, v, false);
+           },
+           true),
        StatusCode::INVALID_ARGUMENT},
       {"context_lengths without a context", with([](auto& r) { r.add_context_lengths(1); }),
        StatusCode::INVALID_ARGUMENT},
-      {"self kind on a cross-only model",
-       with([](auto& r) {
+      {"self kind on a cross-only model", with([](auto& r) {
          r.set_model("query_kv");
          *r.mutable_input() = MakeTensor({2, 4, 16}, Ramp(2 * 4 * 16), false);
        }),

@@ -1,8 +1,9 @@
 // Unit tests of the parts that need no server: --model parsing, option checks, status mapping.
 
+#include "server/options.h"
+
 #include "gtest/gtest.h"
 #include "server/grpc_status.h"
-#include "server/options.h"
 
 namespace attnserve::server {
 namespace {
@@ -17,7 +18,8 @@ TEST(ParseModelFlagTest, NameAndPath) {
 }
 
 TEST(ParseModelFlagTest, EveryOption) {
-  auto m = ParseModelFlag("x=/m/a:b.safetensors:num_heads=12:prefix=encoder.layers.0.:precision=bf16");
+  auto m =
+      ParseModelFlag("x=/m/a:b.safetensors:num_heads=12:prefix=encoder.layers.0.:precision=bf16");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->path, "/m/a:b.safetensors");  // a ':' inside PATH survives
   EXPECT_EQ(m->load.num_heads, 12);

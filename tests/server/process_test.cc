@@ -183,9 +183,9 @@ TEST(ProcessTest, HelpDocumentsTheModelOptions) {
   ChildServer child({"--help"}, TempPath("help.log"));
   EXPECT_EQ(child.Wait(seconds(20)), 0);
   const std::string help = child.Output();
-  for (const char* flag : {"--listen", "--model", "num_heads=N", "prefix=P", "precision=f32|bf16",
-                           "--threads", "--log-level", "--log-format", "--max-message-mib",
-                           "--port-file", "--max-queue"}) {
+  for (const char* flag :
+       {"--listen", "--model", "num_heads=N", "prefix=P", "precision=f32|bf16", "--threads",
+        "--log-level", "--log-format", "--max-message-mib", "--port-file", "--max-queue"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
 }

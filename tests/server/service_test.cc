@@ -47,14 +47,14 @@ Server* GoldenServiceTest::server_ = nullptr;
 TEST_F(GoldenServiceTest, EveryCaseInEveryLayoutAndEncodingMatchesPyTorch) {
   int calls = 0;
   for (const test::GoldenCase& c : *cases_) {
-    for (Encoding encoding : {Encoding{false, false}, Encoding{false, true},
-                              Encoding{true, false}, Encoding{true, true}}) {
+    for (Encoding encoding : {Encoding{false, false}, Encoding{false, true}, Encoding{true, false},
+                              Encoding{true, true}}) {
       SCOPED_TRACE(c.name + (encoding.packed ? " packed" : " padded") +
                    (encoding.raw ? " raw" : " values"));
       v1::ForwardResponse response;
       grpc::ClientContext context;
-      const grpc::Status status = stub_->Forward(
-          &context, GoldenRequest(c, encoding, c.has_probabilities()), &response);
+      const grpc::Status status =
+          stub_->Forward(&context, GoldenRequest(c, encoding, c.has_probabilities()), &response);
       ASSERT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
       EXPECT_EQ(response.has_attention(), c.has_probabilities());
       EXPECT_EQ(CompareToGolden(c, encoding, response), "");

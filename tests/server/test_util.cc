@@ -19,11 +19,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/unknown_field_set.h"
-#include "gtest/gtest.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
 #include "server/logging.h"
 
 extern char** environ;
@@ -38,7 +38,8 @@ std::string ToString(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
   std::string out;
   if (!buffer.Dump(&slices).ok()) return out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
 }
 
@@ -93,9 +94,9 @@ std::string CompareOutput(const test::GoldenCase& c, Encoding encoding, const v1
   const std::vector<int64_t> want_shape =
       encoding.packed ? std::vector<int64_t>{total, c.d_output}
                       : std::vector<int64_t>{in.batch, in.seq_len, c.d_output};
-  if (Shape(out) != want_shape || values.size() != static_cast<size_t>(
-                                                      out.shape(0) * out.shape(1) *
-                                                      (out.shape_size() == 3 ? out.shape(2) : 1))) {
+  if (Shape(out) != want_shape ||
+      values.size() != static_cast<size_t>(out.shape(0) * out.shape(1) *
+                                           (out.shape_size() == 3 ? out.shape(2) : 1))) {
     return absl::StrCat("output shape ", ShapeString(Shape(out)), ", want ",
                         ShapeString(want_shape));
   }
@@ -173,8 +174,8 @@ v1::Tensor MakeTensor(const std::vector<int64_t>& shape, const std::vector<float
   v1::Tensor tensor;
   for (int64_t d : shape) tensor.add_shape(d);
   if (raw) {
-    tensor.set_raw(std::string(reinterpret_cast<const char*>(values.data()),
-                               values.size() * sizeof(float)));
+    tensor.set_raw(
+        std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
   } else {
     tensor.mutable_values()->Assign(values.begin(), values.end());
   }
@@ -214,10 +215,18 @@ v1::ForwardRequest GoldenRequest(const test::GoldenCase& c, Encoding encoding,
   v1::ForwardRequest request;
   request.set_model(GoldenModelName(c));
   switch (c.kind) {
-    case core::AttentionKind::kBidirectional: request.set_kind(v1::ATTENTION_KIND_BIDIRECTIONAL); break;
-    case core::AttentionKind::kCausal: request.set_kind(v1::ATTENTION_KIND_CAUSAL); break;
-    case core::AttentionKind::kCross: request.set_kind(v1::ATTENTION_KIND_CROSS); break;
-    case core::AttentionKind::kCausalCross: request.set_kind(v1::ATTENTION_KIND_CAUSAL_CROSS); break;
+    case core::AttentionKind::kBidirectional:
+      request.set_kind(v1::ATTENTION_KIND_BIDIRECTIONAL);
+      break;
+    case core::AttentionKind::kCausal:
+      request.set_kind(v1::ATTENTION_KIND_CAUSAL);
+      break;
+    case core::AttentionKind::kCross:
+      request.set_kind(v1::ATTENTION_KIND_CROSS);
+      break;
+    case core::AttentionKind::kCausalCross:
+      request.set_kind(v1::ATTENTION_KIND_CAUSAL_CROSS);
+      break;
   }
   AddBatch(c.input, encoding, request.mutable_input(), request.mutable_lengths());
   if (c.context) {
@@ -246,8 +255,8 @@ absl::StatusOr<int> HealthCheck(grpc::Channel* channel, const std::string& servi
   const grpc::ByteBuffer request = ToBuffer(service.empty() ? "" : LengthDelimited(1, service));
   grpc::ByteBuffer response;
   std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&done](grpc::Status s) { done.set_value(s); });
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(s); });
   const grpc::Status status = done.get_future().get();
   if (!status.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
@@ -269,7 +278,9 @@ absl::StatusOr<std::vector<std::string>> ReflectionServices(grpc::Channel* chann
       &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   void* tag = nullptr;
   bool ok = false;
-  auto step = [&](int id) { return cq.Next(&tag, &ok) && ok && tag == reinterpret_cast<void*>(id); };
+  auto step = [&](int id) {
+    return cq.Next(&tag, &ok) && ok && tag == reinterpret_cast<void*>(id);
+  };
   stream->StartCall(reinterpret_cast<void*>(1));
   if (!step(1)) return absl::UnavailableError("reflection: call did not start");
   stream->Write(ToBuffer(LengthDelimited(7, "*")), reinterpret_cast<void*>(2));
@@ -309,8 +320,8 @@ ChildServer::ChildServer(const std::vector<std::string>& args, const std::string
   argv.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, output_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 1, output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
   posix_spawn_file_actions_destroy(&actions);
