@@ -25,6 +25,11 @@ class GoldenServiceTest : public ::testing::Test {
     ModelConfig demo;
     demo.name = "demo";
     options.models.push_back(demo);
+    ModelConfig bf16;  // the same weights as fused_mh, with bf16 matmuls
+    bf16.name = "fused_mh_bf16";
+    bf16.path = test::FixturesDir() + "/w_fused_mh.safetensors";
+    bf16.precision = core::Precision::kBF16;
+    options.models.push_back(bf16);
     server_ = StartServer(options).release();
   }
   static void TearDownTestSuite() {
@@ -83,11 +88,28 @@ TEST_F(GoldenServiceTest, NoAttentionUnlessAsked) {
   EXPECT_EQ(CompareToGolden(c, {}, response), "");
 }
 
+TEST_F(GoldenServiceTest, Bf16PrecisionStaysNearPyTorch) {
+  int checked = 0;
+  for (const test::GoldenCase& c : *cases_) {
+    if (GoldenModelName(c) != "fused_mh") continue;
+    SCOPED_TRACE(c.name);
+    v1::ForwardRequest request = GoldenRequest(c, {true, true}, false);
+    request.set_model("fused_mh_bf16");
+    v1::ForwardResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->Forward(&context, request, &response).ok());
+    // bf16 keeps 8 mantissa bits: the core's bf16 tests use the same allclose(2e-2).
+    EXPECT_EQ(CompareToGolden(c, {true, true}, response, 2e-2f), "");
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+}
+
 TEST_F(GoldenServiceTest, ListModelsDescribesEveryModel) {
   v1::ListModelsResponse response;
   grpc::ClientContext context;
   ASSERT_TRUE(stub_->ListModels(&context, v1::ListModelsRequest(), &response).ok());
-  EXPECT_EQ(response.models_size(), static_cast<int>(GoldenModels(*cases_).size()) + 1);
+  EXPECT_EQ(response.models_size(), static_cast<int>(GoldenModels(*cases_).size()) + 2);
   bool saw_query_kv = false, saw_fused = false, saw_demo = false;
   for (const v1::ModelInfo& m : response.models()) {
     if (m.name() == "query_kv") {
@@ -109,6 +131,8 @@ TEST_F(GoldenServiceTest, ListModelsDescribesEveryModel) {
       EXPECT_TRUE(m.has_bias());
       EXPECT_EQ(m.precision(), "f32");
       EXPECT_EQ(m.kinds_size(), 4);
+    } else if (m.name() == "fused_mh_bf16") {
+      EXPECT_EQ(m.precision(), "bf16");
     } else if (m.name() == "demo") {
       saw_demo = true;
       EXPECT_EQ(m.source(), "built-in");

@@ -56,8 +56,8 @@ std::string LengthDelimited(int number, const std::string& bytes) {
   return out + bytes;
 }
 
-bool Near(float actual, float expected) {
-  return std::fabs(actual - expected) <= 1e-4f + 1e-4f * std::fabs(expected);
+bool Near(float actual, float expected, float tolerance) {
+  return std::fabs(actual - expected) <= tolerance + tolerance * std::fabs(expected);
 }
 
 std::vector<int64_t> Offsets(const std::vector<int64_t>& lengths) {
@@ -86,7 +86,8 @@ void AddBatch(const test::GoldenBatch& batch, Encoding encoding, v1::Tensor* ten
   for (int64_t l : batch.lengths) lengths->Add(static_cast<int32_t>(l));
 }
 
-std::string CompareOutput(const test::GoldenCase& c, Encoding encoding, const v1::Tensor& out) {
+std::string CompareOutput(const test::GoldenCase& c, Encoding encoding, const v1::Tensor& out,
+                          float tolerance) {
   const test::GoldenBatch& in = c.input;
   const std::vector<float> values = TensorValues(out);
   const std::vector<int64_t> offsets = Offsets(in.lengths);
@@ -111,7 +112,7 @@ std::string CompareOutput(const test::GoldenCase& c, Encoding encoding, const v1
     for (int64_t k = 0; k < c.d_output; ++k) {
       const float got = values[row * c.d_output + k];
       const float want = c.expected_output[i * c.d_output + k];
-      if (!Near(got, want)) {
+      if (!Near(got, want, tolerance)) {
         return absl::StrCat("output row ", flat, " (b ", b, ", t ", t, ") col ", k, ": got ", got,
                             ", want ", want);
       }
@@ -120,7 +121,7 @@ std::string CompareOutput(const test::GoldenCase& c, Encoding encoding, const v1
   return "";
 }
 
-std::string CompareAttention(const test::GoldenCase& c, const v1::Tensor& att) {
+std::string CompareAttention(const test::GoldenCase& c, const v1::Tensor& att, float tolerance) {
   const std::vector<float> values = TensorValues(att);
   const std::vector<int64_t> shape = Shape(att);
   if (shape.size() != 4 || shape[0] != c.input.batch || shape[1] != c.num_heads) {
@@ -135,7 +136,7 @@ std::string CompareAttention(const test::GoldenCase& c, const v1::Tensor& att) {
       for (int64_t j = 0; j < k; ++j) {
         const float got = values[(bh * s + i) * k + j];
         const float want = c.expected_probabilities[(bh * S + i) * K + j];
-        if (!Near(got, want)) {
+        if (!Near(got, want, tolerance)) {
           return absl::StrCat("attention [", bh, ", ", i, ", ", j, "]: got ", got, ", want ", want);
         }
       }
@@ -237,13 +238,13 @@ v1::ForwardRequest GoldenRequest(const test::GoldenCase& c, Encoding encoding,
 }
 
 std::string CompareToGolden(const test::GoldenCase& c, Encoding encoding,
-                            const v1::ForwardResponse& response) {
+                            const v1::ForwardResponse& response, float tolerance) {
   if (c.output_rows.empty() || c.expected_output.empty()) return "the case has no expectations";
   const bool raw_out = !response.output().raw().empty();
   if (raw_out != encoding.raw) return "the reply is not in the request's encoding";
-  std::string diff = CompareOutput(c, encoding, response.output());
+  std::string diff = CompareOutput(c, encoding, response.output(), tolerance);
   if (diff.empty() && c.has_probabilities() && response.has_attention()) {
-    diff = CompareAttention(c, response.attention());
+    diff = CompareAttention(c, response.attention(), tolerance);
   }
   return diff;
 }

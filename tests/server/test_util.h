@@ -50,10 +50,10 @@ struct Encoding {
 v1::ForwardRequest GoldenRequest(const test::GoldenCase& c, Encoding encoding,
                                  bool return_attention);
 
-// Empty when `response` matches the case's PyTorch expectations within tolerance, else what
-// differs (first mismatch).
+// Empty when `response` matches the case's PyTorch expectations, as allclose(atol = rtol =
+// tolerance), else what differs (first mismatch).
 std::string CompareToGolden(const test::GoldenCase& c, Encoding encoding,
-                            const v1::ForwardResponse& response);
+                            const v1::ForwardResponse& response, float tolerance = 1e-4f);
 
 // grpc.health.v1.Health/Check for `service`: the serving status number (1 SERVING,
 // 2 NOT_SERVING), or the call's failure.
