@@ -64,7 +64,9 @@ int ModelRegistry::pending() const {
 }
 
 void ModelRegistry::Drain(std::chrono::steady_clock::time_point deadline) {
-  for (const auto& model : models_) model->scheduler->Drain(deadline);
+  // Every queue closes first, so all models drain at once rather than one after another.
+  for (const auto& model : models_) model->scheduler->Close(deadline);
+  for (const auto& model : models_) model->scheduler->Join();
 }
 
 std::string ModelRegistry::Names() const {

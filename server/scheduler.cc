@@ -77,13 +77,16 @@ void Scheduler::Submit(std::unique_ptr<Job> job) {
   cv_.notify_one();
 }
 
-void Scheduler::Drain(std::chrono::steady_clock::time_point deadline) {
+void Scheduler::Close(std::chrono::steady_clock::time_point deadline) {
   {
     std::lock_guard lock(mu_);
     closed_ = true;
     drain_deadline_ = std::min(drain_deadline_, deadline);
   }
   cv_.notify_all();
+}
+
+void Scheduler::Join() {
   if (worker_.joinable()) worker_.join();
 }
 

@@ -64,10 +64,21 @@ class Scheduler {
   // finished with that status instead. Never blocks on compute.
   void Submit(std::unique_ptr<Job> job);
 
-  // Refuses new jobs, lets every queued and running one finish, then stops the worker. Jobs
-  // still queued after `deadline` are answered Unavailable instead of computed.
-  void Drain(std::chrono::steady_clock::time_point deadline =
+  // Refuses new jobs from now on; jobs still queued after `deadline` are answered Unavailable
+  // instead of computed. Returns at once: Join waits for the worker.
+  void Close(std::chrono::steady_clock::time_point deadline =
                  std::chrono::steady_clock::time_point::max());
+
+  // Waits until every queued and running job is answered and the worker has stopped (after
+  // Close).
+  void Join();
+
+  // Close and Join: refuses new jobs, lets every queued and running one finish.
+  void Drain(std::chrono::steady_clock::time_point deadline =
+                 std::chrono::steady_clock::time_point::max()) {
+    Close(deadline);
+    Join();
+  }
 
   // Jobs accepted and not yet answered: queued or running.
   int pending() const { return pending_.load(); }
