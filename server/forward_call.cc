@@ -44,7 +44,7 @@ ForwardBuffers ForwardCall::Buffers(const core::ForwardShapes& shapes) {
   return PrepareForwardResponse(decoded_, shapes, response_);
 }
 
-void ForwardCall::Finish(const absl::Status& status, int batch_size) {
+void ForwardCall::Finish(const absl::Status& status, const RunInfo& run) {
   const core::ForwardArgs& args = decoded_.args;
   const double ms = MillisSince(accepted_);
   if (status.ok()) {
@@ -54,7 +54,8 @@ void ForwardCall::Finish(const absl::Status& status, int batch_size) {
            {"kind", std::string(core::KindName(args.kind))},
            {"batch", args.input.batch()},
            {"tokens", args.input.total_length()},
-           {"merged", batch_size},
+           {"merged", run.batch_size},
+           {"compute_ms", run.compute_ms},
            {"ms", ms}});
     }
   } else {

@@ -26,7 +26,7 @@ class ForwardCall final : public Job {
   const core::ForwardArgs& args() const override { return decoded_.args; }
   absl::Status CheckAlive() const override;
   ForwardBuffers Buffers(const core::ForwardShapes& shapes) override;
-  void Finish(const absl::Status& status, int batch_size) override;
+  void Finish(const absl::Status& status, const RunInfo& run) override;
 
  private:
   grpc::CallbackServerContext* const context_;

@@ -12,6 +12,11 @@
 namespace attnserve::server {
 namespace {
 
+double MillisSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 int64_t Tokens(const core::ForwardArgs& args) {
   return args.input.total_length() + (args.context ? args.context->total_length() : 0);
 }
@@ -70,7 +75,7 @@ void Scheduler::Submit(std::unique_ptr<Job> job) {
     }
   }
   if (!refused.ok()) {
-    job->Finish(refused, 0);
+    job->Finish(refused, RunInfo{});
     return;
   }
   Log(LogLevel::kTrace, "forward queued", {{"model", model_name_}, {"pending", pending()}});
@@ -142,7 +147,7 @@ void Scheduler::RunBatch(std::vector<std::unique_ptr<Job>> jobs) {
     if (alive.ok()) {
       live.push_back(std::move(job));
     } else {
-      job->Finish(alive, 0);
+      job->Finish(alive, RunInfo{});
     }
   }
   if (live.empty()) return;
@@ -157,7 +162,8 @@ void Scheduler::RunBatch(std::vector<std::unique_ptr<Job>> jobs) {
     }
   } catch (const std::exception& e) {
     for (auto& job : live) {
-      if (job) job->Finish(absl::InternalError(absl::StrCat("compute failed: ", e.what())), 0);
+      if (job)
+        job->Finish(absl::InternalError(absl::StrCat("compute failed: ", e.what())), RunInfo{});
     }
   }
 }
@@ -165,8 +171,9 @@ void Scheduler::RunBatch(std::vector<std::unique_ptr<Job>> jobs) {
 void Scheduler::RunOne(std::unique_ptr<Job>& job) {
   const core::ForwardShapes shapes = layer_->Shapes(job->args());
   const ForwardBuffers buffers = job->Buffers(shapes);
+  const auto start = std::chrono::steady_clock::now();
   const absl::Status status = layer_->Forward(job->args(), buffers.output, buffers.attention);
-  job->Finish(status, 1);
+  job->Finish(status, RunInfo{.batch_size = 1, .compute_ms = MillisSince(start)});
   job.reset();
 }
 
@@ -187,11 +194,12 @@ void Scheduler::RunMerged(std::vector<std::unique_ptr<Job>>& jobs) {
   }
   const core::ForwardShapes merged_shapes = layer_->Shapes(merged);
   std::vector<float> output(merged_shapes.output_size());
+  const auto start = std::chrono::steady_clock::now();
   const absl::Status status = layer_->Forward(merged, output);
-  const int batch_size = static_cast<int>(jobs.size());
+  const RunInfo run{.batch_size = static_cast<int>(jobs.size()), .compute_ms = MillisSince(start)};
   if (!status.ok()) {
     for (auto& job : jobs) {
-      job->Finish(status, batch_size);
+      job->Finish(status, run);
       job.reset();
     }
     return;
@@ -207,7 +215,7 @@ void Scheduler::RunMerged(std::vector<std::unique_ptr<Job>>& jobs) {
       std::memcpy(buffers.output.data() + input.row_offset(b) * width, src, count * sizeof(float));
       src += count;
     }
-    job->Finish(absl::OkStatus(), batch_size);
+    job->Finish(absl::OkStatus(), run);
     job.reset();
   }
 }

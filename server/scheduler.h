@@ -18,6 +18,12 @@
 
 namespace attnserve::server {
 
+// How a job's compute went, for its log line: zeros for a job answered without compute.
+struct RunInfo {
+  int batch_size = 0;       // calls that shared the compute run (dynamic batching)
+  double compute_ms = 0.0;  // wall time of the run's Layer::Forward
+};
+
 // One accepted call waiting for compute. The scheduler calls Finish exactly once, from its
 // worker thread (or from Submit when the call is refused), and destroys the job after it.
 class Job {
@@ -34,8 +40,8 @@ class Job {
   // so queued calls hold no output memory.
   virtual ForwardBuffers Buffers(const core::ForwardShapes& shapes) = 0;
 
-  // Answers the call; `batch_size` is how many calls shared the compute run.
-  virtual void Finish(const absl::Status& status, int batch_size) = 0;
+  // Answers the call.
+  virtual void Finish(const absl::Status& status, const RunInfo& run) = 0;
 };
 
 // How a scheduler queues and batches.
