@@ -117,6 +117,13 @@ int main(int argc, char** argv) {
   sigwait(&signals, &signal);
   attnserve::server::Log(LogLevel::kInfo, "signal received",
                          {{"signal", signal == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  // A second signal while draining means "now": the operator does not want to wait.
+  std::thread([signals] {
+    int again = 0;
+    sigwait(&signals, &again);
+    attnserve::server::Log(LogLevel::kWarn, "second signal: exiting without draining");
+    std::_Exit(1);
+  }).detach();
   (*server)->Shutdown(std::chrono::seconds(flags.shutdown_grace_s));
   server->reset();
   return 0;
