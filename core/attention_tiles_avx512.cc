@@ -1,5 +1,6 @@
-// AVX-512 tile kernels (see attention_tiles.h). Only the functions marked kAvx512 use AVX-512,
-// and they are reached only after a runtime CPU check, so the library still runs on any x86-64.
+// AVX-512 tile kernels (see attention_tiles.h). Only the functions marked ATTNSERVE_AVX512 use
+// AVX-512 (per-function target attributes, no global -mavx512 flags), and they are reached only
+// after a runtime CPU check, so the library still runs on any x86-64.
 //
 // Register blocking: a tile is kVecs (1..3) vectors of 16 query rows. The score kernel keeps
 // 8 keys x kVecs accumulators (24 of 32 zmm at kVecs = 3), broadcasting one key element per
