@@ -68,9 +68,9 @@ std::vector<Rows> MakeTasks(const AttentionProblem& p, int threads) {
 }
 
 // Floats of per-thread scratch: Q^T and O^T tiles, one score block, four per-row vectors, and
-// the task's keys and values packed (max_kv rows of head_dim each).
-int64_t ScratchFloats(int64_t head_dim, int64_t max_kv) {
-  return (2 * head_dim + kKeyBlock + 4) * kTileRows + 2 * max_kv * head_dim;
+// room to pack pack_rows keys and values of head_dim each.
+int64_t ScratchFloats(int64_t head_dim, int64_t pack_rows) {
+  return (2 * head_dim + kKeyBlock + 4) * kTileRows + 2 * pack_rows * head_dim;
 }
 
 // Scratch of every thread of the team, owned by the calling thread and kept across its calls
@@ -95,13 +95,13 @@ float* TeamStorage(int64_t floats) {
 }
 
 // Per-thread scratch rounded to whole cache lines, so every thread's slice stays aligned.
-int64_t SliceFloats(int64_t head_dim, int64_t max_kv) {
-  return (ScratchFloats(head_dim, max_kv) + 15) / 16 * 16;
+int64_t SliceFloats(int64_t head_dim, int64_t pack_rows) {
+  return (ScratchFloats(head_dim, pack_rows) + 15) / 16 * 16;
 }
 
 // One thread's buffers, carved out of its slice of TeamStorage, 64-byte aligned.
 struct TileScratch {
-  TileScratch(float* slice, int64_t head_dim, int64_t max_kv) {
+  TileScratch(float* slice, int64_t head_dim, int64_t pack_rows) : pack_rows(pack_rows) {
     const int64_t tile = head_dim * kTileRows;
     q_t = slice;
     out_t = q_t + tile;
@@ -111,7 +111,7 @@ struct TileScratch {
     alpha = sum + kTileRows;
     inv_sum = alpha + kTileRows;
     k = inv_sum + kTileRows;
-    v = k + max_kv * head_dim;
+    v = k + pack_rows * head_dim;
   }
 
   float* q_t;
@@ -121,8 +121,9 @@ struct TileScratch {
   float* sum;
   float* alpha;
   float* inv_sum;
-  float* k;  // packed keys of the current task, head_dim floats a row
-  float* v;  // packed values
+  int64_t pack_rows;  // keys (and values) that fit in k and v
+  float* k;           // packed keys of the current task, head_dim floats a row
+  float* v;           // packed values
 };
 
 // Where a tile reads its (sequence, head)'s keys and values: packed scratch or the input.
@@ -228,8 +229,9 @@ void RunTask(const AttentionProblem& p, const Rows& task, const TileKernels& ker
   const int64_t d = p.head_dim;
   KeysValues kv{p.k + p.kv_offsets[task.b] * p.k_stride + task.h * d, p.k_stride,
                 p.v + p.kv_offsets[task.b] * p.v_stride + task.h * d, p.v_stride};
-  if (task.rows > kTileRows) {
-    PackKeysValues(p, task, KeyEnd(p, task), s);
+  const int64_t key_end = KeyEnd(p, task);
+  if (task.rows > kTileRows && key_end <= s.pack_rows) {
+    PackKeysValues(p, task, key_end, s);
     kv = KeysValues{s.k, d, s.v, d};
   }
   for (int64_t row0 = task.row0; row0 < task.row0 + task.rows; row0 += kTileRows) {
@@ -238,11 +240,15 @@ void RunTask(const AttentionProblem& p, const Rows& task, const TileKernels& ker
   }
 }
 
-// The longest key sequence: the packed keys and values of any task fit in it.
-int64_t MaxKvLength(const AttentionProblem& p) {
+// Keys (and values) each thread may pack: the longest key sequence, unless the team's packed
+// copies would then pass kPackBudgetBytes (long sequences on many threads); tasks with more
+// visible keys than that read them in place.
+int64_t PackRows(const AttentionProblem& p, int threads) {
+  constexpr int64_t kPackBudgetBytes = int64_t{256} << 20;
   int64_t max_kv = 0;
   for (int64_t len : p.kv_lengths) max_kv = std::max(max_kv, len);
-  return max_kv;
+  const int64_t row_bytes = 2 * std::max<int64_t>(p.head_dim, 1) * sizeof(float);
+  return std::min(max_kv, kPackBudgetBytes / (row_bytes * std::max(threads, 1)));
 }
 
 }  // namespace
@@ -252,18 +258,18 @@ void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels) {
   if (tasks.empty() && p.probs == nullptr) return;
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   const int64_t pairs = static_cast<int64_t>(p.q_lengths.size()) * p.num_heads;
-  const int64_t max_kv = MaxKvLength(p);
   // Below about 30 microseconds of work, waking the other threads costs more than it saves
   // (and on a loaded machine a woken thread may be descheduled holding a task).
   constexpr int64_t kParallelMinFlops = int64_t{4} << 20;
   int64_t flops = 0;
   for (const Rows& t : tasks) flops += 4 * t.cost * p.head_dim;
   const int threads = flops < kParallelMinFlops ? 1 : omp_get_max_threads();
-  const int64_t slice = SliceFloats(p.head_dim, max_kv);
+  const int64_t pack_rows = PackRows(p, threads);
+  const int64_t slice = SliceFloats(p.head_dim, pack_rows);
   float* storage = TeamStorage(slice * threads);
 #pragma omp parallel num_threads(threads)
   {
-    TileScratch scratch(storage + omp_get_thread_num() * slice, p.head_dim, max_kv);
+    TileScratch scratch(storage + omp_get_thread_num() * slice, p.head_dim, pack_rows);
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t i = 0; i < num_tasks; ++i) RunTask(p, tasks[i], kernels, scratch);
     if (p.probs != nullptr) {
@@ -300,8 +306,8 @@ void RunAttention(const AttentionProblem& problem) {
 }
 
 int64_t AttentionScratchBytes(const AttentionProblem& problem) {
-  return internal::SliceFloats(problem.head_dim, internal::MaxKvLength(problem)) *
-         static_cast<int64_t>(sizeof(float));
+  const int64_t pack_rows = internal::PackRows(problem, omp_get_max_threads());
+  return internal::SliceFloats(problem.head_dim, pack_rows) * static_cast<int64_t>(sizeof(float));
 }
 
 }  // namespace attnserve::core
