@@ -18,21 +18,21 @@ std::string_view KindName(AttentionKind kind) {
   return "unknown";
 }
 
-// The names say which tensors the file held, as a user would recognise them.
+// Short, stable names: they are part of the wire contract (ModelInfo.layout) and of logs.
 std::string_view LayoutName(WeightLayout layout) {
   switch (layout) {
     case WeightLayout::kSeparate:
-      return "separate (W_q, W_k, W_v)";
+      return "separate";
     case WeightLayout::kQueryKeyValue:
-      return "query_key_value (w_query, w_key, w_value)";
+      return "query_key_value";
     case WeightLayout::kFusedQkv:
-      return "fused (Wqkv, Wo)";
+      return "fused_qkv";
     case WeightLayout::kQueryKv:
-      return "query_kv (Wq, Wkv, Wo)";
+      return "query_kv";
     case WeightLayout::kTorchMha:
-      return "torch (in_proj_weight, out_proj)";
+      return "torch_mha";
     case WeightLayout::kBuiltIn:
-      return "built-in";
+      return "built_in";
   }
   return "unknown";
 }

@@ -17,25 +17,6 @@ int64_t ReplyBytes(const core::ForwardShapes& shapes) {
   return (shapes.output_size() + shapes.attention_size()) * 4 + 64;
 }
 
-// The layout names the wire contract (ModelInfo.layout) promises.
-const char* WireLayoutName(core::WeightLayout layout) {
-  switch (layout) {
-    case core::WeightLayout::kSeparate:
-      return "separate";
-    case core::WeightLayout::kQueryKeyValue:
-      return "query_key_value";
-    case core::WeightLayout::kFusedQkv:
-      return "fused_qkv";
-    case core::WeightLayout::kQueryKv:
-      return "query_kv";
-    case core::WeightLayout::kTorchMha:
-      return "torch_mha";
-    case core::WeightLayout::kBuiltIn:
-      return "built_in";
-  }
-  return "unknown";
-}
-
 }  // namespace
 
 AttentionService::AttentionService(ModelRegistry* registry, int64_t max_message_bytes)
@@ -97,7 +78,7 @@ v1::ModelInfo DescribeModel(const ServedModel& model) {
   info.set_d_context(static_cast<int32_t>(spec.d_context));
   info.set_num_heads(static_cast<int32_t>(spec.num_heads));
   info.set_head_dim(static_cast<int32_t>(spec.head_dim));
-  info.set_layout(WireLayoutName(spec.layout));
+  info.set_layout(std::string(core::LayoutName(spec.layout)));
   info.set_has_bias(spec.has_bias);
   info.set_has_output_projection(spec.has_output_projection);
   info.set_precision(std::string(core::PrecisionName(model.layer->precision())));
