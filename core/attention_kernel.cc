@@ -126,14 +126,6 @@ struct TileScratch {
   float* v;           // packed values
 };
 
-// Where a tile reads its (sequence, head)'s keys and values: packed scratch or the input.
-struct KeysValues {
-  const float* k;
-  int64_t k_stride;
-  const float* v;
-  int64_t v_stride;
-};
-
 // Copies the first key_end keys and values of (b, h) into the scratch, rows back to back. In
 // fused QKV layouts rows are a page or more apart: every tile reading them there would pay a
 // TLB miss per row and per tile; packed, a task pays it once per row.
@@ -152,11 +144,26 @@ void PackKeysValues(const AttentionProblem& p, const Rows& t, int64_t key_end, T
   }
 }
 
-// Runs the online softmax over every visible key block of the packed keys and values; leaves
-// O^T, max and sum.
+// Key `j` of keys or values laid out `stride` elements of `element_bytes` apart.
+const void* KeyAt(const void* base, int64_t j, int64_t stride, int element_bytes) {
+  return static_cast<const char*>(base) + j * stride * element_bytes;
+}
+
+// The key block after j0 as a prefetch hint; none for a kernel's own packed (contiguous) form.
+NextBlock NextBlockHint(const KeysValues& kv, const TileKernels& kernels, int64_t j1,
+                        int64_t key_end) {
+  if (kernels.pack_keys_values != nullptr || j1 >= key_end) return NextBlock{};
+  return NextBlock{static_cast<const float*>(kv.k) + j1 * kv.k_stride, kv.k_stride,
+                   static_cast<const float*>(kv.v) + j1 * kv.v_stride, kv.v_stride,
+                   static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j1))};
+}
+
+// Runs the online softmax over every visible key block of the keys and values; leaves O^T,
+// max and sum.
 void RunKeyBlocks(const AttentionProblem& p, const Rows& t, int vecs, const KeysValues& kv,
                   const TileKernels& kernels, TileScratch& s) {
   const int64_t d = p.head_dim;
+  const int bytes = kernels.kv_element_bytes;
   std::fill(s.out_t, s.out_t + d * kTileRows, 0.0f);
   std::fill(s.max, s.max + kTileRows, kNoKeyYet);
   std::fill(s.sum, s.sum + kTileRows, 0.0f);
@@ -164,13 +171,11 @@ void RunKeyBlocks(const AttentionProblem& p, const Rows& t, int vecs, const Keys
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
     const int64_t diag = j0 - t.row0;
-    const int64_t j1 = j0 + kKeyBlock;
-    const NextBlock next{kv.k + j1 * kv.k_stride, kv.k_stride, kv.v + j1 * kv.v_stride, kv.v_stride,
-                         static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0 - num_keys))};
-    kernels.score(s.q_t, vecs, static_cast<int>(d), kv.k + j0 * kv.k_stride, kv.k_stride, num_keys,
-                  next, s.scores_t);
+    kernels.score(s.q_t, vecs, static_cast<int>(d), KeyAt(kv.k, j0, kv.k_stride, bytes),
+                  kv.k_stride, num_keys, NextBlockHint(kv, kernels, j0 + kKeyBlock, key_end),
+                  s.scores_t);
     kernels.softmax(s.scores_t, vecs, num_keys, p.causal, diag, s.max, s.sum, s.alpha);
-    kernels.accumulate(s.scores_t, vecs, num_keys, kv.v + j0 * kv.v_stride, kv.v_stride,
+    kernels.accumulate(s.scores_t, vecs, num_keys, KeyAt(kv.v, j0, kv.v_stride, bytes), kv.v_stride,
                        static_cast<int>(d), s.alpha, s.out_t);
   }
   for (int r = 0; r < kTileRows; ++r) s.inv_sum[r] = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;
@@ -185,7 +190,8 @@ void StoreProbs(const AttentionProblem& p, const Rows& t, int vecs, const KeysVa
   float* probs = p.probs + ((t.b * p.num_heads + t.h) * p.probs_q_len + t.row0) * p.probs_kv_len;
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const int num_keys = static_cast<int>(std::min<int64_t>(kKeyBlock, key_end - j0));
-    kernels.score(s.q_t, vecs, static_cast<int>(d), kv.k + j0 * kv.k_stride, kv.k_stride, num_keys,
+    kernels.score(s.q_t, vecs, static_cast<int>(d),
+                  KeyAt(kv.k, j0, kv.k_stride, kernels.kv_element_bytes), kv.k_stride, num_keys,
                   NextBlock{}, s.scores_t);
     kernels.normalize(s.scores_t, vecs, num_keys, p.causal, j0 - t.row0, s.max, s.inv_sum);
     for (int64_t r = 0; r < t.rows; ++r) {
@@ -222,21 +228,31 @@ void RunTile(const AttentionProblem& p, const Rows& t, const KeysValues& kv,
   if (p.probs != nullptr) StoreProbs(p, t, vecs, kv, kernels, s);
 }
 
-// Runs a task's tiles. Several tiles share one packed copy of the keys and values; a lone
-// tile reads them in place, since packing would read every row once as well.
+// Runs a task's tiles. Kernels with a form of their own convert the keys and values once per
+// task. For the f32 kernels, several tiles share one packed copy; a lone tile reads them in
+// place, since packing would read every row once as well.
 void RunTask(const AttentionProblem& p, const Rows& task, const TileKernels& kernels,
              TileScratch& s) {
   const int64_t d = p.head_dim;
-  KeysValues kv{p.k + p.kv_offsets[task.b] * p.k_stride + task.h * d, p.k_stride,
-                p.v + p.kv_offsets[task.b] * p.v_stride + task.h * d, p.v_stride};
+  const float* k = p.k + p.kv_offsets[task.b] * p.k_stride + task.h * d;
+  const float* v = p.v + p.kv_offsets[task.b] * p.v_stride + task.h * d;
+  KeysValues kv{k, p.k_stride, v, p.v_stride};
   const int64_t key_end = KeyEnd(p, task);
-  if (task.rows > kTileRows && key_end <= s.pack_rows) {
-    PackKeysValues(p, task, key_end, s);
-    kv = KeysValues{s.k, d, s.v, d};
+  const bool fits = key_end <= s.pack_rows;
+  const TileKernels* run = &kernels;
+  if (kernels.pack_keys_values != nullptr && fits) {
+    kv = kernels.pack_keys_values(k, p.k_stride, v, p.v_stride, key_end, static_cast<int>(d), s.k,
+                                  s.v);
+  } else {
+    if (kernels.pack_keys_values != nullptr) run = kernels.unpacked_fallback;
+    if (task.rows > kTileRows && fits) {
+      PackKeysValues(p, task, key_end, s);
+      kv = KeysValues{s.k, d, s.v, d};
+    }
   }
   for (int64_t row0 = task.row0; row0 < task.row0 + task.rows; row0 += kTileRows) {
     const int64_t rows = std::min<int64_t>(kTileRows, task.row0 + task.rows - row0);
-    RunTile(p, Rows{task.b, task.h, row0, rows}, kv, kernels, s);
+    RunTile(p, Rows{task.b, task.h, row0, rows}, kv, *run, s);
   }
 }
 
@@ -285,24 +301,25 @@ void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels) {
 
 namespace {
 
-// AVX-512 when the CPU has it, unless ATTNSERVE_ATTENTION_KERNEL=portable asks otherwise
-// (to compare the two on one machine).
-const internal::TileKernels& SelectedKernels() {
-  static const internal::TileKernels& kernels = []() -> const internal::TileKernels& {
+// AVX-512 when the CPU has it (with bf16 products when asked for and AVX512-BF16 is there),
+// unless ATTNSERVE_ATTENTION_KERNEL=portable asks otherwise (to compare on one machine).
+const internal::TileKernels& SelectedKernels(bool bf16) {
+  static const bool portable = [] {
     const char* forced = std::getenv("ATTNSERVE_ATTENTION_KERNEL");
-    const internal::TileKernels* fast = internal::Avx512TileKernels();
-    if (fast != nullptr && (forced == nullptr || std::strcmp(forced, "portable") != 0)) {
-      return *fast;
-    }
-    return internal::PortableTileKernels();
+    return forced != nullptr && std::strcmp(forced, "portable") == 0;
   }();
-  return kernels;
+  static const internal::TileKernels* const f32 =
+      portable ? nullptr : internal::Avx512TileKernels();
+  static const internal::TileKernels* const with_bf16 =
+      portable ? nullptr : internal::Avx512Bf16TileKernels();
+  if (bf16 && with_bf16 != nullptr) return *with_bf16;
+  return f32 != nullptr ? *f32 : internal::PortableTileKernels();
 }
 
 }  // namespace
 
 void RunAttention(const AttentionProblem& problem) {
-  internal::RunAttentionWith(problem, SelectedKernels());
+  internal::RunAttentionWith(problem, SelectedKernels(problem.bf16));
 }
 
 int64_t AttentionScratchBytes(const AttentionProblem& problem) {

@@ -12,12 +12,12 @@ namespace attnserve::core {
 // j < kv_lengths[b] and, if causal, j <= i. A query row with no visible key gets 0.
 struct AttentionProblem {
   const float* q = nullptr;
-  int64_t q_stride = 0;            // floats between consecutive rows of q
+  int64_t q_stride = 0;  // floats between consecutive rows of q
   const float* k = nullptr;
   int64_t k_stride = 0;
   const float* v = nullptr;
   int64_t v_stride = 0;
-  float* out = nullptr;            // [sum(q_lengths), num_heads*head_dim] rows
+  float* out = nullptr;  // [sum(q_lengths), num_heads*head_dim] rows
   int64_t out_stride = 0;
 
   std::span<const int64_t> q_lengths;   // per sequence
@@ -28,7 +28,10 @@ struct AttentionProblem {
   int64_t num_heads = 0;
   int64_t head_dim = 0;
   bool causal = false;
-  float scale = 1.0f;              // 1/sqrt(head_dim)
+  float scale = 1.0f;  // 1/sqrt(head_dim)
+  // Q K^T and P V may round their operands to bf16 (f32 accumulation, f32 softmax): twice the
+  // arithmetic rate where the CPU has AVX512-BF16; elsewhere the f32 kernels run.
+  bool bf16 = false;
 
   // When not null: the probabilities, [batch, num_heads, probs_q_len, probs_kv_len], every
   // masked or padded entry written 0. Only then is an [S, S_kv] block ever materialised.

@@ -6,6 +6,10 @@
 // A tile is up to kTileRows query rows of one (sequence, head), stored transposed: row r of the
 // tile is lane r % kLanes of vector r / kLanes, so the per-row softmax state is a few vectors
 // and every reduction over keys is vertical (no horizontal shuffles in the hot loop).
+//
+// Keys and values reach the score and accumulate kernels as `const void*` with a stride in
+// elements per key: f32 rows of the projections (or a packed f32 copy) for the f32 kernels, the
+// kernel's own packed form for kernels that have a PackKeysValuesFn (bf16).
 
 #include <cstdint>
 
@@ -42,7 +46,7 @@ struct NextBlock {
 // scores_t[j * kTileRows + r] = sum_c q_t[c * kTileRows + r] * k[j * k_stride + c] for
 // j < num_keys rounded up to kKeyTile (extra keys repeat key num_keys - 1; callers ignore
 // them) and r < vecs * kLanes.
-using ScoreFn = void (*)(const float* q_t, int vecs, int head_dim, const float* k, int64_t k_stride,
+using ScoreFn = void (*)(const float* q_t, int vecs, int head_dim, const void* k, int64_t k_stride,
                          int num_keys, const NextBlock& next, float* scores_t);
 
 // The online-softmax step over one key block of base-2 log scores, in place:
@@ -53,8 +57,22 @@ using SoftmaxFn = void (*)(float* scores_t, int vecs, int num_keys, bool causal,
                            float* max, float* sum, float* alpha);
 
 // out_t[c * tile_stride + r] = out_t[...] * alpha[r] + sum_j p_t[j][r] * v[j * v_stride + c].
-using AccumulateFn = void (*)(const float* p_t, int vecs, int num_keys, const float* v,
+using AccumulateFn = void (*)(const float* p_t, int vecs, int num_keys, const void* v,
                               int64_t v_stride, int head_dim, const float* alpha, float* out_t);
+
+// Keys and values of one (sequence, head) in the form a kernel's score and accumulate read.
+struct KeysValues {
+  const void* k = nullptr;
+  int64_t k_stride = 0;  // elements of the kernel's format per key
+  const void* v = nullptr;
+  int64_t v_stride = 0;
+};
+
+// Converts keys and values [0, count) (f32 rows) into the kernel's own form in k_out and v_out,
+// each with room for count * head_dim floats. For kernels that cannot read f32 rows.
+using PackKeysValuesFn = KeysValues (*)(const float* k, int64_t k_stride, const float* v,
+                                        int64_t v_stride, int64_t count, int head_dim, void* k_out,
+                                        void* v_out);
 
 // Turns the scores of one key block into probabilities: 2^(score - max[r]) * inv_sum[r], 0
 // where masked (as in SoftmaxFn). Used only when probabilities are asked for.
@@ -77,6 +95,12 @@ struct TileKernels {
   AccumulateFn accumulate;
   StoreOutputFn store_output;
   NormalizeFn normalize;
+  // Null: score and accumulate read f32 rows (kv_element_bytes 4), in place or packed by the
+  // driver. Set: every task converts its keys and values with it first.
+  PackKeysValuesFn pack_keys_values = nullptr;
+  int kv_element_bytes = 4;
+  // For a kernel with its own packing: what runs a task whose keys do not fit the scratch.
+  const TileKernels* unpacked_fallback = nullptr;
 };
 
 // Plain C++ kernels: run on any CPU, used when AVX-512 is absent.
@@ -84,6 +108,10 @@ const TileKernels& PortableTileKernels();
 
 // AVX-512 kernels, or nullptr when this CPU lacks AVX-512F.
 const TileKernels* Avx512TileKernels();
+
+// AVX-512 kernels whose two products (Q K^T, P V) take bf16 operands with f32 accumulation
+// (vdpbf16ps); the softmax stays f32. Or nullptr when this CPU lacks AVX512-BF16.
+const TileKernels* Avx512Bf16TileKernels();
 
 // RunAttention with the given kernels; lets tests compare both flavours on one machine.
 void RunAttentionWith(const AttentionProblem& problem, const TileKernels& kernels);

@@ -6,6 +6,11 @@
 // 8 keys x kVecs accumulators (24 of 32 zmm at kVecs = 3), broadcasting one key element per
 // FMA group; the accumulate kernel keeps 8 output columns x kVecs, broadcasting one value
 // element per group. The softmax is vertical: per row state is one lane.
+//
+// The bf16 flavour (functions marked ATTNSERVE_AVX512_BF16, reached only where AVX512-BF16 is
+// present) has the same blocking with vdpbf16ps, which adds the products of a pair of bf16s per
+// 32-bit lane: queries and probabilities are stored as pairs of columns (keys) per lane, keys as
+// bf16 rows, values as pairs of rows interleaved per column. Softmax and output stay f32.
 
 // GCC 12's avx512fintrin.h seeds unmasked intrinsics with _mm512_undefined_ps(), which
 // -W(maybe-)uninitialized reports at every inlined call site; the value is never read.
@@ -208,8 +213,9 @@ ATTNSERVE_AVX512 void ScoreVecs(const float* q_t, int head_dim, const float* k, 
   }
 }
 
-void Score(const float* q_t, int vecs, int head_dim, const float* k, int64_t k_stride, int num_keys,
-           const NextBlock& next, float* scores_t) {
+void Score(const float* q_t, int vecs, int head_dim, const void* k_rows, int64_t k_stride,
+           int num_keys, const NextBlock& next, float* scores_t) {
+  const float* k = static_cast<const float*>(k_rows);
   switch (vecs) {
     case 1:
       return ScoreVecs<1>(q_t, head_dim, k, k_stride, num_keys, next, scores_t);
@@ -356,8 +362,9 @@ ATTNSERVE_AVX512 void AccumulateVecs(const float* p_t, int num_keys, const float
   }
 }
 
-void Accumulate(const float* p_t, int vecs, int num_keys, const float* v, int64_t v_stride,
+void Accumulate(const float* p_t, int vecs, int num_keys, const void* v_rows, int64_t v_stride,
                 int head_dim, const float* alpha, float* out_t) {
+  const float* v = static_cast<const float*>(v_rows);
   switch (vecs) {
     case 1:
       return AccumulateVecs<1>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
@@ -381,18 +388,261 @@ ATTNSERVE_AVX512 void Normalize(float* scores_t, int vecs, int num_keys, bool ca
   }
 }
 
+constexpr TileKernels kAvx512Kernels{"avx512",   PackQueries, Score,    Softmax,
+                                     Accumulate, StoreOutput, Normalize};
+
+// ---- bf16 products (vdpbf16ps) ----
+
+#define ATTNSERVE_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define ATTNSERVE_AVX512_BF16_INLINE \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline
+
+// Lane i of the result holds bf16(even[i]) in its low half and bf16(odd[i]) in its high half,
+// rounded to nearest even: one vdpbf16ps operand of 16 pairs.
+ATTNSERVE_AVX512_BF16_INLINE __m512i PackPairs(__m512 even, __m512 odd) {
+  // cvtne2ps puts even in bf16 elements 0..15 and odd in 16..31; interleave them.
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i halves = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), halves);
+}
+
+// Rows 2i and 2i + 1 (the latter 0 past `count`) of a transposed tile become pair row i, in
+// place: pair row i is written after rows 2i and 2i + 1 are read, and row i was read earlier.
+ATTNSERVE_AVX512_BF16_INLINE void PairRows(float* t, int vecs, int count) {
+  for (int i = 0; 2 * i < count; ++i) {
+    for (int v = 0; v < vecs; ++v) {
+      const __m512 even = _mm512_load_ps(t + 2 * i * kTileRows + v * kLanes);
+      const __m512 odd = 2 * i + 1 < count
+                             ? _mm512_load_ps(t + (2 * i + 1) * kTileRows + v * kLanes)
+                             : _mm512_setzero_ps();
+      _mm512_store_si512(t + i * kTileRows + v * kLanes, PackPairs(even, odd));
+    }
+  }
+}
+
+// The f32 transposed queries, then pairs of columns per lane.
+ATTNSERVE_AVX512_BF16 void PackQueriesBf16(const float* q, int64_t q_stride, int rows, int vecs,
+                                           int head_dim, float factor, float* q_t) {
+  PackQueries(q, q_stride, rows, vecs, head_dim, factor, q_t);
+  PairRows(q_t, vecs, head_dim);
+}
+
+// Keys as bf16 rows padded to an even width (the pad is 0), so a column pair is one 32-bit
+// load; values as pair rows: lane c of pair row i is (v[2i][c], v[2i + 1][c]), the missing
+// odd row of an odd count 0.
+ATTNSERVE_AVX512_BF16 KeysValues PackKeysValuesBf16(const float* k, int64_t k_stride,
+                                                    const float* v, int64_t v_stride, int64_t count,
+                                                    int head_dim, void* k_out, void* v_out) {
+  const int64_t k_width = (head_dim + 1) / 2 * 2;
+  uint16_t* k16 = static_cast<uint16_t*>(k_out);
+  for (int64_t j = 0; j < count; ++j) {
+    if (j + 8 < count) PrefetchRow(k + (j + 8) * k_stride, head_dim);
+    for (int c0 = 0; c0 < k_width; c0 += kLanes) {
+      const __m512 x = _mm512_maskz_loadu_ps(FirstLanes(head_dim - c0), k + j * k_stride + c0);
+      const __m256i bf = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+      _mm256_mask_storeu_epi16(k16 + j * k_width + c0, FirstLanes(k_width - c0), bf);
+    }
+  }
+  uint32_t* v32 = static_cast<uint32_t*>(v_out);
+  for (int64_t i = 0; 2 * i < count; ++i) {
+    const float* even = v + 2 * i * v_stride;
+    const bool has_odd = 2 * i + 1 < count;
+    if (2 * i + 8 < count) {
+      PrefetchRow(even + 8 * v_stride, head_dim);
+      PrefetchRow(even + 9 * v_stride, head_dim);
+    }
+    for (int c0 = 0; c0 < head_dim; c0 += kLanes) {
+      const __mmask16 cols = FirstLanes(head_dim - c0);
+      const __m512 e = _mm512_maskz_loadu_ps(cols, even + c0);
+      const __m512 o =
+          has_odd ? _mm512_maskz_loadu_ps(cols, even + v_stride + c0) : _mm512_setzero_ps();
+      _mm512_mask_storeu_epi32(v32 + i * head_dim + c0, cols, PackPairs(e, o));
+    }
+  }
+  // Strides per key: a key row of k_width bf16s; half a pair row (head_dim pairs) per value.
+  return KeysValues{k_out, k_width, v_out, head_dim};
+}
+
+// Scores of 8 keys against kVecs vectors of query rows, a column pair per vdpbf16ps.
+template <int kVecs>
+ATTNSERVE_AVX512_BF16 void ScoreKeyTileBf16(const float* q_t, int pairs,
+                                            const uint32_t* const* keys, float* scores_t) {
+  __m512 acc[kKeyTile][kVecs];
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) {
+#pragma GCC unroll 3
+    for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_setzero_ps();
+  }
+  for (int c = 0; c < pairs; ++c) {
+    __m512bh q[kVecs];
+#pragma GCC unroll 3
+    for (int v = 0; v < kVecs; ++v) {
+      q[v] = reinterpret_cast<__m512bh>(_mm512_load_si512(q_t + c * kTileRows + v * kLanes));
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < kKeyTile; ++j) {
+      const __m512bh kb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(keys[j][c]));
+#pragma GCC unroll 3
+      for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], q[v], kb);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) {
+#pragma GCC unroll 3
+    for (int v = 0; v < kVecs; ++v) {
+      _mm512_store_ps(scores_t + j * kTileRows + v * kLanes, acc[j][v]);
+    }
+  }
+}
+
+template <int kVecs>
+ATTNSERVE_AVX512_BF16 void ScoreVecsBf16(const float* q_t, int head_dim, const uint16_t* k,
+                                         int64_t k_stride, int num_keys, float* scores_t) {
+  for (int j0 = 0; j0 < num_keys; j0 += kKeyTile) {
+    // Keys past the end repeat the last one: in bounds, and their scores are never read.
+    const uint32_t* keys[kKeyTile];
+    for (int j = 0; j < kKeyTile; ++j) {
+      keys[j] = reinterpret_cast<const uint32_t*>(k + std::min(j0 + j, num_keys - 1) * k_stride);
+    }
+    ScoreKeyTileBf16<kVecs>(q_t, (head_dim + 1) / 2, keys, scores_t + j0 * kTileRows);
+  }
+}
+
+// Packed keys are contiguous: the hardware prefetcher sees them coming, `next` is not needed.
+void ScoreBf16(const float* q_t, int vecs, int head_dim, const void* k_packed, int64_t k_stride,
+               int num_keys, const NextBlock& /*next*/, float* scores_t) {
+  const uint16_t* k = static_cast<const uint16_t*>(k_packed);
+  switch (vecs) {
+    case 1:
+      return ScoreVecsBf16<1>(q_t, head_dim, k, k_stride, num_keys, scores_t);
+    case 2:
+      return ScoreVecsBf16<2>(q_t, head_dim, k, k_stride, num_keys, scores_t);
+    default:
+      return ScoreVecsBf16<3>(q_t, head_dim, k, k_stride, num_keys, scores_t);
+  }
+}
+
+// The f32 online softmax; then the probabilities become pairs of keys per lane for P V. The
+// running sum keeps the unrounded probabilities.
+ATTNSERVE_AVX512_BF16 void SoftmaxBf16(float* scores_t, int vecs, int num_keys, bool causal,
+                                       int64_t diag, float* max, float* sum, float* alpha) {
+  Softmax(scores_t, vecs, num_keys, causal, diag, max, sum, alpha);
+  PairRows(scores_t, vecs, num_keys);
+}
+
+// Output columns [0, kCols) of v: rescale by alpha, then add P V, a key pair per vdpbf16ps.
+template <int kVecs, int kCols>
+ATTNSERVE_AVX512_BF16 void AccumulateColsBf16(const float* p_t, int pairs, const uint32_t* v,
+                                              int64_t pair_stride, const float* alpha,
+                                              float* out_t) {
+  __m512 acc[kCols][kVecs];
+  __m512 a[kVecs];
+#pragma GCC unroll 3
+  for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
+#pragma GCC unroll 8
+  for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) {
+      acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
+    }
+  }
+  for (int i = 0; i < pairs; ++i) {
+    __m512bh p[kVecs];
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) {
+      p[r] = reinterpret_cast<__m512bh>(_mm512_load_si512(p_t + i * kTileRows + r * kLanes));
+    }
+    const uint32_t* value = v + i * pair_stride;
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) {
+      const __m512bh vb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(value[c]));
+#pragma GCC unroll 3
+      for (int r = 0; r < kVecs; ++r) acc[c][r] = _mm512_dpbf16_ps(acc[c][r], p[r], vb);
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
+  }
+}
+
+template <int kVecs>
+ATTNSERVE_AVX512_BF16 void AccumulateVecsBf16(const float* p_t, int num_keys, const uint32_t* v,
+                                              int64_t pair_stride, int head_dim, const float* alpha,
+                                              float* out_t) {
+  const int pairs = (num_keys + 1) / 2;
+  int c0 = 0;
+  for (; c0 + 8 <= head_dim; c0 += 8) {
+    AccumulateColsBf16<kVecs, 8>(p_t, pairs, v + c0, pair_stride, alpha, out_t + c0 * kTileRows);
+  }
+  const uint32_t* vc = v + c0;
+  float* oc = out_t + c0 * kTileRows;
+  switch (head_dim - c0) {
+    case 1:
+      return AccumulateColsBf16<kVecs, 1>(p_t, pairs, vc, pair_stride, alpha, oc);
+    case 2:
+      return AccumulateColsBf16<kVecs, 2>(p_t, pairs, vc, pair_stride, alpha, oc);
+    case 3:
+      return AccumulateColsBf16<kVecs, 3>(p_t, pairs, vc, pair_stride, alpha, oc);
+    case 4:
+      return AccumulateColsBf16<kVecs, 4>(p_t, pairs, vc, pair_stride, alpha, oc);
+    case 5:
+      return AccumulateColsBf16<kVecs, 5>(p_t, pairs, vc, pair_stride, alpha, oc);
+    case 6:
+      return AccumulateColsBf16<kVecs, 6>(p_t, pairs, vc, pair_stride, alpha, oc);
+    case 7:
+      return AccumulateColsBf16<kVecs, 7>(p_t, pairs, vc, pair_stride, alpha, oc);
+    default:
+      return;
+  }
+}
+
+// v_stride is per key (PackKeysValuesBf16): pair row i starts i * v_stride 32-bit lanes in.
+void AccumulateBf16(const float* p_t, int vecs, int num_keys, const void* v_packed,
+                    int64_t v_stride, int head_dim, const float* alpha, float* out_t) {
+  const uint32_t* v = static_cast<const uint32_t*>(v_packed);
+  switch (vecs) {
+    case 1:
+      return AccumulateVecsBf16<1>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+    case 2:
+      return AccumulateVecsBf16<2>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+    default:
+      return AccumulateVecsBf16<3>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+  }
+}
+
+constexpr TileKernels kAvx512Bf16Kernels{"avx512_bf16",
+                                         PackQueriesBf16,
+                                         ScoreBf16,
+                                         SoftmaxBf16,
+                                         AccumulateBf16,
+                                         StoreOutput,
+                                         Normalize,
+                                         PackKeysValuesBf16,
+                                         /*kv_element_bytes=*/2,
+                                         /*unpacked_fallback=*/&kAvx512Kernels};
+
 }  // namespace
 
 const TileKernels* Avx512TileKernels() {
-  static constexpr TileKernels kKernels{"avx512",   PackQueries, Score,    Softmax,
-                                        Accumulate, StoreOutput, Normalize};
   static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported ? &kKernels : nullptr;
+  return supported ? &kAvx512Kernels : nullptr;
+}
+
+const TileKernels* Avx512Bf16TileKernels() {
+  static const bool supported =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return supported ? &kAvx512Bf16Kernels : nullptr;
 }
 
 #else  // !ATTNSERVE_HAVE_AVX512_KERNELS
 
 const TileKernels* Avx512TileKernels() { return nullptr; }
+const TileKernels* Avx512Bf16TileKernels() { return nullptr; }
 
 #endif
 

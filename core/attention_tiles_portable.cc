@@ -31,9 +31,10 @@ ATTNSERVE_CLONES void PackQueries(const float* q, int64_t q_stride, int rows, in
 // array with constant bounds, which it keeps in vector registers.
 constexpr int kKeysAtOnce = 4;
 
-ATTNSERVE_CLONES void Score(const float* q_t, int vecs, int head_dim, const float* k,
+ATTNSERVE_CLONES void Score(const float* q_t, int vecs, int head_dim, const void* k_rows,
                             int64_t k_stride, int num_keys, const NextBlock& /*next*/,
                             float* scores_t) {
+  const float* k = static_cast<const float*>(k_rows);
   for (int j0 = 0; j0 < num_keys; j0 += kKeysAtOnce) {
     const float* keys[kKeysAtOnce];  // past the end: the last key again, result unused
     for (int j = 0; j < kKeysAtOnce; ++j) keys[j] = k + std::min(j0 + j, num_keys - 1) * k_stride;
@@ -77,8 +78,9 @@ ATTNSERVE_CLONES void Softmax(float* scores_t, int vecs, int num_keys, bool caus
 }
 
 // Column by column: the rows of one output column stay in L1 across the block's keys.
-ATTNSERVE_CLONES void Accumulate(const float* p_t, int vecs, int num_keys, const float* v,
+ATTNSERVE_CLONES void Accumulate(const float* p_t, int vecs, int num_keys, const void* v_rows,
                                  int64_t v_stride, int head_dim, const float* alpha, float* out_t) {
+  const float* v = static_cast<const float*>(v_rows);
   const int rows = vecs * kLanes;
   for (int c = 0; c < head_dim; ++c) {
     float* o = out_t + c * kTileRows;

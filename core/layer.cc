@@ -512,6 +512,7 @@ absl::Status Layer::Impl::RunProjectedAttention(const ForwardArgs& args, std::sp
   problem.head_dim = spec.head_dim;
   problem.causal = IsCausal(args.kind);
   problem.scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
+  problem.bf16 = bf16();
   if (!attention.empty()) {
     problem.probs = attention.data();
     problem.probs_q_len = call.input->view_length();

@@ -1,17 +1,19 @@
 // RunAttention against an independent double-precision oracle written here: random ragged
 // problems at the kernel's block boundaries (tile rows 16/48, key blocks 64, key tiles 8),
 // causal with S != S_kv both ways, fused-QKV strides, odd head sizes, probabilities on and off,
-// a long causal sequence; for both tile-kernel flavours (portable and, when the CPU has it,
-// AVX-512).
+// a long causal sequence; for every tile-kernel flavour (portable and, when the CPU has them,
+// AVX-512 and AVX-512 with bf16 products).
 
 #include "core/attention_kernel.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numbers>
 #include <random>
 #include <string>
 #include <thread>
@@ -23,6 +25,9 @@ namespace attnserve::core {
 namespace {
 
 constexpr double kTolerance = 1e-4;
+// The bf16 flavour against an oracle that rounds Q (scaled), K and V as the kernel does: what
+// remains is the rounding of the probabilities to bf16 (relative 2^-9) before P V.
+constexpr double kBf16Tolerance = 5e-3;
 
 // A problem description: lengths per sequence and the layout knobs the kernel must honour.
 struct Case {
@@ -45,8 +50,16 @@ struct Problem {
   std::vector<float> qkv, kv;  // qkv holds Q (and K, V when fused); kv holds K then V otherwise
   std::vector<float> out, probs;
   int64_t probs_q_len = 0, probs_kv_len = 0;
+  bool bf16_operands = false;  // the oracle rounds the products' operands as the bf16 kernels
   AttentionProblem p;
 };
+
+// x rounded to the nearest bf16 (ties to even), as vcvtne2ps2bf16 rounds.
+double Bf16(float x) {
+  uint32_t bits = std::bit_cast<uint32_t>(x);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return std::bit_cast<float>(bits & 0xffff0000u);
+}
 
 std::vector<int64_t> Offsets(const std::vector<int64_t>& lengths) {
   std::vector<int64_t> offsets;
@@ -129,27 +142,35 @@ std::vector<double> ReferenceRow(const Problem& pr, int64_t b, int64_t h, int64_
   std::vector<double> w(kv_len, 0.0);
   out_row.assign(d, 0.0);
   if (visible == 0) return w;
+  // bf16: the kernel scales Q by scale * log2(e) in f32, rounds, and takes base-2 exponentials.
+  const float log2_factor = p.scale * std::numbers::log2e_v<float>;
   double max_score = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < visible; ++j) {
     const float* k = p.k + (p.kv_offsets[b] + j) * p.k_stride + h * d;
     double dot = 0.0;
-    for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
-    w[j] = dot * p.scale;
+    for (int64_t c = 0; c < d; ++c) {
+      dot += pr.bf16_operands ? Bf16(q[c] * log2_factor) * Bf16(k[c])
+                              : static_cast<double>(q[c]) * k[c] * p.scale;
+    }
+    w[j] = dot;
     max_score = std::max(max_score, w[j]);
   }
   double sum = 0.0;
-  for (int64_t j = 0; j < visible; ++j) sum += (w[j] = std::exp(w[j] - max_score));
+  for (int64_t j = 0; j < visible; ++j) {
+    sum += (w[j] = pr.bf16_operands ? std::exp2(w[j] - max_score) : std::exp(w[j] - max_score));
+  }
   for (int64_t j = 0; j < visible; ++j) {
     w[j] /= sum;
     const float* v = p.v + (p.kv_offsets[b] + j) * p.v_stride + h * d;
-    for (int64_t c = 0; c < d; ++c) out_row[c] += w[j] * v[c];
+    for (int64_t c = 0; c < d; ++c) out_row[c] += w[j] * (pr.bf16_operands ? Bf16(v[c]) : v[c]);
   }
   return w;
 }
 
 // Checks every output entry and, when asked for, every probability entry against the oracle;
 // reports the first few mismatches only.
-void ExpectMatchesReference(const Problem& pr, const std::string& what) {
+void ExpectMatchesReference(const Problem& pr, const std::string& what,
+                            double tolerance = kTolerance) {
   const AttentionProblem& p = pr.p;
   int failures = 0;
   std::vector<double> out_row;
@@ -161,7 +182,7 @@ void ExpectMatchesReference(const Problem& pr, const std::string& what) {
           w = ReferenceRow(pr, b, h, i, out_row);
           const float* got = p.out + (p.q_offsets[b] + i) * p.out_stride + h * p.head_dim;
           for (int64_t c = 0; c < p.head_dim && failures < 5; ++c) {
-            if (!(std::abs(got[c] - out_row[c]) <= kTolerance)) {
+            if (!(std::abs(got[c] - out_row[c]) <= tolerance)) {
               ADD_FAILURE() << what << ": out b=" << b << " h=" << h << " i=" << i << " c=" << c
                             << " got " << got[c] << " want " << out_row[c];
               ++failures;
@@ -172,7 +193,7 @@ void ExpectMatchesReference(const Problem& pr, const std::string& what) {
         const float* got = p.probs + ((b * p.num_heads + h) * p.probs_q_len + i) * p.probs_kv_len;
         for (int64_t j = 0; j < p.probs_kv_len && failures < 5; ++j) {
           const double want = j < static_cast<int64_t>(w.size()) ? w[j] : 0.0;
-          if (!(std::abs(got[j] - want) <= kTolerance)) {
+          if (!(std::abs(got[j] - want) <= tolerance)) {
             ADD_FAILURE() << what << ": probs b=" << b << " h=" << h << " i=" << i << " j=" << j
                           << " got " << got[j] << " want " << want;
             ++failures;
@@ -188,16 +209,18 @@ class AttentionKernelTest : public ::testing::TestWithParam<std::string> {
  protected:
   const internal::TileKernels* Kernels() const {
     if (GetParam() == "portable") return &internal::PortableTileKernels();
+    if (GetParam() == "avx512_bf16") return internal::Avx512Bf16TileKernels();
     return internal::Avx512TileKernels();
   }
 
   void Check(const Case& c, const std::string& what) {
     const internal::TileKernels* kernels = Kernels();
-    if (kernels == nullptr) GTEST_SKIP() << "this CPU has no AVX-512F";
+    if (kernels == nullptr) GTEST_SKIP() << "this CPU lacks " << GetParam();
     Problem pr;
     Build(c, pr);
+    pr.bf16_operands = GetParam() == "avx512_bf16";
     internal::RunAttentionWith(pr.p, *kernels);
-    ExpectMatchesReference(pr, what);
+    ExpectMatchesReference(pr, what, pr.bf16_operands ? kBf16Tolerance : kTolerance);
   }
 };
 
@@ -287,7 +310,8 @@ TEST_P(AttentionKernelTest, LongCausalSequence) {
   Check(c, "long causal");
 }
 
-INSTANTIATE_TEST_SUITE_P(Flavours, AttentionKernelTest, ::testing::Values("portable", "avx512"),
+INSTANTIATE_TEST_SUITE_P(Flavours, AttentionKernelTest,
+                         ::testing::Values("portable", "avx512", "avx512_bf16"),
                          [](const auto& info) { return info.param; });
 
 TEST(AttentionKernelDispatchTest, RunAttentionMatchesTheOracle) {
