@@ -32,7 +32,8 @@ enum class WeightLayout {
 
 std::string_view LayoutName(WeightLayout layout);
 
-// What the matmuls run in; softmax and accumulation are always f32.
+// The operands of the matmuls (projections, and the attention's Q K^T and P V where the CPU has
+// AVX512-BF16); softmax and accumulation are always f32.
 enum class Precision { kF32, kBF16 };
 
 std::string_view PrecisionName(Precision precision);
