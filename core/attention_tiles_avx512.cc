@@ -298,65 +298,70 @@ void Softmax(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag,
   }
 }
 
-// Output columns [c0, c0 + kCols): rescale by alpha, then add P V over the block's keys.
+// Output columns [0, kCols) of v: rescale by alpha, then add P V over the block's keys.
 template <int kVecs, int kCols>
-ATTNSERVE_AVX512 void AccumulateCols(const float* p_t, int num_keys, const float* v,
-                                     int64_t v_stride, const float* alpha, float* out_t) {
-  __m512 acc[kCols][kVecs];
-  __m512 a[kVecs];
+struct AccumulateCols {
+  ATTNSERVE_AVX512 static void Run(const float* p_t, int num_keys, const float* v, int64_t v_stride,
+                                   const float* alpha, float* out_t) {
+    __m512 acc[kCols][kVecs];
+    __m512 a[kVecs];
 #pragma GCC unroll 3
-  for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
-#pragma GCC unroll 8
-  for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) {
-      acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
-    }
-  }
-  for (int j = 0; j < num_keys; ++j) {
-    __m512 p[kVecs];
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) p[r] = _mm512_load_ps(p_t + j * kTileRows + r * kLanes);
-    const float* value = v + j * v_stride;
+    for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
 #pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) {
-      const __m512 vb = _mm512_set1_ps(value[c]);
 #pragma GCC unroll 3
-      for (int r = 0; r < kVecs; ++r) acc[c][r] = _mm512_fmadd_ps(p[r], vb, acc[c][r]);
+      for (int r = 0; r < kVecs; ++r) {
+        acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
+      }
+    }
+    for (int j = 0; j < num_keys; ++j) {
+      __m512 p[kVecs];
+#pragma GCC unroll 3
+      for (int r = 0; r < kVecs; ++r) p[r] = _mm512_load_ps(p_t + j * kTileRows + r * kLanes);
+      const float* value = v + j * v_stride;
+#pragma GCC unroll 8
+      for (int c = 0; c < kCols; ++c) {
+        const __m512 vb = _mm512_set1_ps(value[c]);
+#pragma GCC unroll 3
+        for (int r = 0; r < kVecs; ++r) acc[c][r] = _mm512_fmadd_ps(p[r], vb, acc[c][r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+      for (int r = 0; r < kVecs; ++r)
+        _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
     }
   }
-#pragma GCC unroll 8
-  for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
-  }
-}
+};
 
-template <int kVecs>
-ATTNSERVE_AVX512 void AccumulateVecs(const float* p_t, int num_keys, const float* v,
-                                     int64_t v_stride, int head_dim, const float* alpha,
-                                     float* out_t) {
+// Runs Cols<kVecs, 8>::Run over the output columns 8 at a time, then Cols<kVecs, n>::Run on the
+// last n < 8: register blocks of a fixed width for any head_dim. `count` is what Cols steps over
+// (keys, or key pairs for bf16), `stride` its distance in Values.
+template <template <int, int> class Cols, int kVecs, typename Value>
+void ByColumnBlocks(const float* p_t, int count, const Value* v, int64_t stride, int head_dim,
+                    const float* alpha, float* out_t) {
   int c0 = 0;
   for (; c0 + 8 <= head_dim; c0 += 8) {
-    AccumulateCols<kVecs, 8>(p_t, num_keys, v + c0, v_stride, alpha, out_t + c0 * kTileRows);
+    Cols<kVecs, 8>::Run(p_t, count, v + c0, stride, alpha, out_t + c0 * kTileRows);
   }
-  const float* vc = v + c0;
+  const Value* vc = v + c0;
   float* oc = out_t + c0 * kTileRows;
   switch (head_dim - c0) {
     case 1:
-      return AccumulateCols<kVecs, 1>(p_t, num_keys, vc, v_stride, alpha, oc);
+      return Cols<kVecs, 1>::Run(p_t, count, vc, stride, alpha, oc);
     case 2:
-      return AccumulateCols<kVecs, 2>(p_t, num_keys, vc, v_stride, alpha, oc);
+      return Cols<kVecs, 2>::Run(p_t, count, vc, stride, alpha, oc);
     case 3:
-      return AccumulateCols<kVecs, 3>(p_t, num_keys, vc, v_stride, alpha, oc);
+      return Cols<kVecs, 3>::Run(p_t, count, vc, stride, alpha, oc);
     case 4:
-      return AccumulateCols<kVecs, 4>(p_t, num_keys, vc, v_stride, alpha, oc);
+      return Cols<kVecs, 4>::Run(p_t, count, vc, stride, alpha, oc);
     case 5:
-      return AccumulateCols<kVecs, 5>(p_t, num_keys, vc, v_stride, alpha, oc);
+      return Cols<kVecs, 5>::Run(p_t, count, vc, stride, alpha, oc);
     case 6:
-      return AccumulateCols<kVecs, 6>(p_t, num_keys, vc, v_stride, alpha, oc);
+      return Cols<kVecs, 6>::Run(p_t, count, vc, stride, alpha, oc);
     case 7:
-      return AccumulateCols<kVecs, 7>(p_t, num_keys, vc, v_stride, alpha, oc);
+      return Cols<kVecs, 7>::Run(p_t, count, vc, stride, alpha, oc);
     default:
       return;
   }
@@ -367,11 +372,11 @@ void Accumulate(const float* p_t, int vecs, int num_keys, const void* v_rows, in
   const float* v = static_cast<const float*>(v_rows);
   switch (vecs) {
     case 1:
-      return AccumulateVecs<1>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+      return ByColumnBlocks<AccumulateCols, 1>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
     case 2:
-      return AccumulateVecs<2>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+      return ByColumnBlocks<AccumulateCols, 2>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
     default:
-      return AccumulateVecs<3>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+      return ByColumnBlocks<AccumulateCols, 3>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
   }
 }
 
@@ -534,83 +539,55 @@ ATTNSERVE_AVX512_BF16 void SoftmaxBf16(float* scores_t, int vecs, int num_keys, 
 
 // Output columns [0, kCols) of v: rescale by alpha, then add P V, a key pair per vdpbf16ps.
 template <int kVecs, int kCols>
-ATTNSERVE_AVX512_BF16 void AccumulateColsBf16(const float* p_t, int pairs, const uint32_t* v,
-                                              int64_t pair_stride, const float* alpha,
-                                              float* out_t) {
-  __m512 acc[kCols][kVecs];
-  __m512 a[kVecs];
+struct AccumulateColsBf16 {
+  ATTNSERVE_AVX512_BF16 static void Run(const float* p_t, int pairs, const uint32_t* v,
+                                        int64_t pair_stride, const float* alpha, float* out_t) {
+    __m512 acc[kCols][kVecs];
+    __m512 a[kVecs];
 #pragma GCC unroll 3
-  for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
-#pragma GCC unroll 8
-  for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) {
-      acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
-    }
-  }
-  for (int i = 0; i < pairs; ++i) {
-    __m512bh p[kVecs];
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) {
-      p[r] = reinterpret_cast<__m512bh>(_mm512_load_si512(p_t + i * kTileRows + r * kLanes));
-    }
-    const uint32_t* value = v + i * pair_stride;
+    for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
 #pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) {
-      const __m512bh vb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(value[c]));
 #pragma GCC unroll 3
-      for (int r = 0; r < kVecs; ++r) acc[c][r] = _mm512_dpbf16_ps(acc[c][r], p[r], vb);
+      for (int r = 0; r < kVecs; ++r) {
+        acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
+      }
+    }
+    for (int i = 0; i < pairs; ++i) {
+      __m512bh p[kVecs];
+#pragma GCC unroll 3
+      for (int r = 0; r < kVecs; ++r) {
+        p[r] = reinterpret_cast<__m512bh>(_mm512_load_si512(p_t + i * kTileRows + r * kLanes));
+      }
+      const uint32_t* value = v + i * pair_stride;
+#pragma GCC unroll 8
+      for (int c = 0; c < kCols; ++c) {
+        const __m512bh vb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(value[c]));
+#pragma GCC unroll 3
+        for (int r = 0; r < kVecs; ++r) acc[c][r] = _mm512_dpbf16_ps(acc[c][r], p[r], vb);
+      }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+      for (int r = 0; r < kVecs; ++r)
+        _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
     }
   }
-#pragma GCC unroll 8
-  for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
-  }
-}
-
-template <int kVecs>
-ATTNSERVE_AVX512_BF16 void AccumulateVecsBf16(const float* p_t, int num_keys, const uint32_t* v,
-                                              int64_t pair_stride, int head_dim, const float* alpha,
-                                              float* out_t) {
-  const int pairs = (num_keys + 1) / 2;
-  int c0 = 0;
-  for (; c0 + 8 <= head_dim; c0 += 8) {
-    AccumulateColsBf16<kVecs, 8>(p_t, pairs, v + c0, pair_stride, alpha, out_t + c0 * kTileRows);
-  }
-  const uint32_t* vc = v + c0;
-  float* oc = out_t + c0 * kTileRows;
-  switch (head_dim - c0) {
-    case 1:
-      return AccumulateColsBf16<kVecs, 1>(p_t, pairs, vc, pair_stride, alpha, oc);
-    case 2:
-      return AccumulateColsBf16<kVecs, 2>(p_t, pairs, vc, pair_stride, alpha, oc);
-    case 3:
-      return AccumulateColsBf16<kVecs, 3>(p_t, pairs, vc, pair_stride, alpha, oc);
-    case 4:
-      return AccumulateColsBf16<kVecs, 4>(p_t, pairs, vc, pair_stride, alpha, oc);
-    case 5:
-      return AccumulateColsBf16<kVecs, 5>(p_t, pairs, vc, pair_stride, alpha, oc);
-    case 6:
-      return AccumulateColsBf16<kVecs, 6>(p_t, pairs, vc, pair_stride, alpha, oc);
-    case 7:
-      return AccumulateColsBf16<kVecs, 7>(p_t, pairs, vc, pair_stride, alpha, oc);
-    default:
-      return;
-  }
-}
+};
 
 // v_stride is per key (PackKeysValuesBf16): pair row i starts i * v_stride 32-bit lanes in.
 void AccumulateBf16(const float* p_t, int vecs, int num_keys, const void* v_packed,
                     int64_t v_stride, int head_dim, const float* alpha, float* out_t) {
   const uint32_t* v = static_cast<const uint32_t*>(v_packed);
+  const int pairs = (num_keys + 1) / 2;
   switch (vecs) {
     case 1:
-      return AccumulateVecsBf16<1>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+      return ByColumnBlocks<AccumulateColsBf16, 1>(p_t, pairs, v, v_stride, head_dim, alpha, out_t);
     case 2:
-      return AccumulateVecsBf16<2>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+      return ByColumnBlocks<AccumulateColsBf16, 2>(p_t, pairs, v, v_stride, head_dim, alpha, out_t);
     default:
-      return AccumulateVecsBf16<3>(p_t, num_keys, v, v_stride, head_dim, alpha, out_t);
+      return ByColumnBlocks<AccumulateColsBf16, 3>(p_t, pairs, v, v_stride, head_dim, alpha, out_t);
   }
 }
 
