@@ -298,22 +298,39 @@ void Softmax(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag,
   }
 }
 
+// acc[c][r] = the accumulator's columns [0, kCols), rows of vector r, times alpha: the old
+// output rescaled to the block's new running max.
+template <int kVecs, int kCols>
+ATTNSERVE_AVX512_INLINE void LoadRescaled(const float* out_t, const float* alpha,
+                                          __m512 (&acc)[kCols][kVecs]) {
+  __m512 a[kVecs];
+#pragma GCC unroll 3
+  for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
+#pragma GCC unroll 8
+  for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) {
+      acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
+    }
+  }
+}
+
+template <int kVecs, int kCols>
+ATTNSERVE_AVX512_INLINE void StoreColumns(const __m512 (&acc)[kCols][kVecs], float* out_t) {
+#pragma GCC unroll 8
+  for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
+  }
+}
+
 // Output columns [0, kCols) of v: rescale by alpha, then add P V over the block's keys.
 template <int kVecs, int kCols>
 struct AccumulateCols {
   ATTNSERVE_AVX512 static void Run(const float* p_t, int num_keys, const float* v, int64_t v_stride,
                                    const float* alpha, float* out_t) {
     __m512 acc[kCols][kVecs];
-    __m512 a[kVecs];
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
-#pragma GCC unroll 8
-    for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-      for (int r = 0; r < kVecs; ++r) {
-        acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
-      }
-    }
+    LoadRescaled<kVecs, kCols>(out_t, alpha, acc);
     for (int j = 0; j < num_keys; ++j) {
       __m512 p[kVecs];
 #pragma GCC unroll 3
@@ -326,12 +343,7 @@ struct AccumulateCols {
         for (int r = 0; r < kVecs; ++r) acc[c][r] = _mm512_fmadd_ps(p[r], vb, acc[c][r]);
       }
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-      for (int r = 0; r < kVecs; ++r)
-        _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
-    }
+    StoreColumns<kVecs, kCols>(acc, out_t);
   }
 };
 
@@ -543,16 +555,7 @@ struct AccumulateColsBf16 {
   ATTNSERVE_AVX512_BF16 static void Run(const float* p_t, int pairs, const uint32_t* v,
                                         int64_t pair_stride, const float* alpha, float* out_t) {
     __m512 acc[kCols][kVecs];
-    __m512 a[kVecs];
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
-#pragma GCC unroll 8
-    for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-      for (int r = 0; r < kVecs; ++r) {
-        acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
-      }
-    }
+    LoadRescaled<kVecs, kCols>(out_t, alpha, acc);
     for (int i = 0; i < pairs; ++i) {
       __m512bh p[kVecs];
 #pragma GCC unroll 3
@@ -567,12 +570,7 @@ struct AccumulateColsBf16 {
         for (int r = 0; r < kVecs; ++r) acc[c][r] = _mm512_dpbf16_ps(acc[c][r], p[r], vb);
       }
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-      for (int r = 0; r < kVecs; ++r)
-        _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
-    }
+    StoreColumns<kVecs, kCols>(acc, out_t);
   }
 };
 
