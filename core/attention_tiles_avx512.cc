@@ -167,16 +167,38 @@ ATTNSERVE_AVX512_INLINE __mmask16 VisibleLanes(bool masked, int v, int64_t diag,
   return static_cast<__mmask16>(0xFFFF << first);
 }
 
+// acc[c][r] = the accumulator's columns [0, kCols), rows of vector r, times alpha: the old
+// output rescaled to the block's new running max.
+template <int kVecs, int kCols>
+ATTNSERVE_AVX512_INLINE void LoadRescaled(const float* out_t, const float* alpha,
+                                          __m512 (&acc)[kCols][kVecs]) {
+  __m512 a[kVecs];
+#pragma GCC unroll 3
+  for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
+#pragma GCC unroll 8
+  for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) {
+      acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
+    }
+  }
+}
+
+// Columns [0, kCols) of a transposed tile from registers (rows of vector r in acc[c][r]).
+template <int kVecs, int kCols>
+ATTNSERVE_AVX512_INLINE void StoreColumns(const __m512 (&acc)[kCols][kVecs], float* out_t) {
+#pragma GCC unroll 8
+  for (int c = 0; c < kCols; ++c) {
+#pragma GCC unroll 3
+    for (int r = 0; r < kVecs; ++r) _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
+  }
+}
+
 // Scores of 8 keys (pointers already clamped) against kVecs vectors of query rows.
 template <int kVecs>
 ATTNSERVE_AVX512 void ScoreKeyTile(const float* q_t, int head_dim, const float* const* keys,
                                    float* scores_t) {
-  __m512 acc[kKeyTile][kVecs];
-#pragma GCC unroll 8
-  for (int j = 0; j < kKeyTile; ++j) {
-#pragma GCC unroll 3
-    for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_setzero_ps();
-  }
+  __m512 acc[kKeyTile][kVecs] = {};  // zeroed registers
   for (int c = 0; c < head_dim; ++c) {
     __m512 q[kVecs];
 #pragma GCC unroll 3
@@ -188,13 +210,7 @@ ATTNSERVE_AVX512 void ScoreKeyTile(const float* q_t, int head_dim, const float* 
       for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_fmadd_ps(q[v], kb, acc[j][v]);
     }
   }
-#pragma GCC unroll 8
-  for (int j = 0; j < kKeyTile; ++j) {
-#pragma GCC unroll 3
-    for (int v = 0; v < kVecs; ++v) {
-      _mm512_store_ps(scores_t + j * kTileRows + v * kLanes, acc[j][v]);
-    }
-  }
+  StoreColumns<kVecs, kKeyTile>(acc, scores_t);
 }
 
 template <int kVecs>
@@ -295,32 +311,6 @@ void Softmax(float* scores_t, int vecs, int num_keys, bool causal, int64_t diag,
       return SoftmaxVecs<2>(scores_t, num_keys, causal, diag, max, sum, alpha);
     default:
       return SoftmaxVecs<3>(scores_t, num_keys, causal, diag, max, sum, alpha);
-  }
-}
-
-// acc[c][r] = the accumulator's columns [0, kCols), rows of vector r, times alpha: the old
-// output rescaled to the block's new running max.
-template <int kVecs, int kCols>
-ATTNSERVE_AVX512_INLINE void LoadRescaled(const float* out_t, const float* alpha,
-                                          __m512 (&acc)[kCols][kVecs]) {
-  __m512 a[kVecs];
-#pragma GCC unroll 3
-  for (int r = 0; r < kVecs; ++r) a[r] = _mm512_load_ps(alpha + r * kLanes);
-#pragma GCC unroll 8
-  for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) {
-      acc[c][r] = _mm512_mul_ps(_mm512_load_ps(out_t + c * kTileRows + r * kLanes), a[r]);
-    }
-  }
-}
-
-template <int kVecs, int kCols>
-ATTNSERVE_AVX512_INLINE void StoreColumns(const __m512 (&acc)[kCols][kVecs], float* out_t) {
-#pragma GCC unroll 8
-  for (int c = 0; c < kCols; ++c) {
-#pragma GCC unroll 3
-    for (int r = 0; r < kVecs; ++r) _mm512_store_ps(out_t + c * kTileRows + r * kLanes, acc[c][r]);
   }
 }
 
@@ -486,12 +476,7 @@ ATTNSERVE_AVX512_BF16 KeysValues PackKeysValuesBf16(const float* k, int64_t k_st
 template <int kVecs>
 ATTNSERVE_AVX512_BF16 void ScoreKeyTileBf16(const float* q_t, int pairs,
                                             const uint32_t* const* keys, float* scores_t) {
-  __m512 acc[kKeyTile][kVecs];
-#pragma GCC unroll 8
-  for (int j = 0; j < kKeyTile; ++j) {
-#pragma GCC unroll 3
-    for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_setzero_ps();
-  }
+  __m512 acc[kKeyTile][kVecs] = {};  // zeroed registers
   for (int c = 0; c < pairs; ++c) {
     __m512bh q[kVecs];
 #pragma GCC unroll 3
@@ -505,13 +490,7 @@ ATTNSERVE_AVX512_BF16 void ScoreKeyTileBf16(const float* q_t, int pairs,
       for (int v = 0; v < kVecs; ++v) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], q[v], kb);
     }
   }
-#pragma GCC unroll 8
-  for (int j = 0; j < kKeyTile; ++j) {
-#pragma GCC unroll 3
-    for (int v = 0; v < kVecs; ++v) {
-      _mm512_store_ps(scores_t + j * kTileRows + v * kLanes, acc[j][v]);
-    }
-  }
+  StoreColumns<kVecs, kKeyTile>(acc, scores_t);
 }
 
 template <int kVecs>
