@@ -1,20 +1,22 @@
-# Runs attnserve_bench on small shapes with ONEDNN_VERBOSE=1 and fails when the log shows a
-# oneDNN reference implementation (or the benchmark fails). Usage: cmake -DBENCH=... -P this.
+# Runs attnserve_bench on small shapes, f32 and bf16, with ONEDNN_VERBOSE=1 and fails when the log
+# shows a oneDNN reference implementation (or the benchmark fails). Usage: cmake -DBENCH=... -P this.
 set(ENV{ONEDNN_VERBOSE} 1)
-execute_process(
-  COMMAND ${BENCH} --shapes small,ragged --reps 1 --threads 2
-  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "attnserve_bench failed (${rc}):\n${out}\n${err}")
-endif()
-string(REGEX MATCHALL "onednn_verbose,exec[^\n]*" execs "${out}")
-list(LENGTH execs n_exec)
-if(n_exec EQUAL 0)
-  message(FATAL_ERROR "no oneDNN verbose exec lines: is ONEDNN_VERBOSE honoured?\n${out}")
-endif()
-foreach(line IN LISTS execs)
-  if(line MATCHES "ref:|:ref|,ref,")
-    message(FATAL_ERROR "oneDNN reference implementation used:\n${line}")
+foreach(precision f32 bf16)
+  execute_process(
+    COMMAND ${BENCH} --shapes small,ragged --reps 1 --threads 2 --precision ${precision}
+    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "attnserve_bench --precision ${precision} failed (${rc}):\n${out}\n${err}")
   endif()
+  string(REGEX MATCHALL "onednn_verbose,exec[^\n]*" execs "${out}")
+  list(LENGTH execs n_exec)
+  if(n_exec EQUAL 0)
+    message(FATAL_ERROR "no oneDNN verbose exec lines: is ONEDNN_VERBOSE honoured?\n${out}")
+  endif()
+  foreach(line IN LISTS execs)
+    if(line MATCHES "ref:|:ref|,ref,")
+      message(FATAL_ERROR "oneDNN reference implementation used (${precision}):\n${line}")
+    endif()
+  endforeach()
+  message(STATUS "${precision}: ${n_exec} oneDNN executions, none by a reference implementation")
 endforeach()
-message(STATUS "${n_exec} oneDNN executions, none by a reference implementation")
