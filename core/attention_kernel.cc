@@ -269,7 +269,8 @@ int64_t PackRows(const AttentionProblem& p, int threads) {
 
 }  // namespace
 
-void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels) {
+void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels,
+                      int64_t max_pack_rows) {
   const std::vector<Rows> tasks = MakeTasks(p, omp_get_max_threads());
   if (tasks.empty() && p.probs == nullptr) return;
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
@@ -280,7 +281,7 @@ void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels) {
   int64_t flops = 0;
   for (const Rows& t : tasks) flops += 4 * t.cost * p.head_dim;
   const int threads = flops < kParallelMinFlops ? 1 : omp_get_max_threads();
-  const int64_t pack_rows = PackRows(p, threads);
+  const int64_t pack_rows = std::min(PackRows(p, threads), max_pack_rows);
   const int64_t slice = SliceFloats(p.head_dim, pack_rows);
   float* storage = TeamStorage(slice * threads);
 #pragma omp parallel num_threads(threads)

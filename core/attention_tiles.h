@@ -12,6 +12,7 @@
 // kernel's own packed form for kernels that have a PackKeysValuesFn (bf16).
 
 #include <cstdint>
+#include <limits>
 
 #include "core/attention_kernel.h"
 
@@ -113,7 +114,9 @@ const TileKernels* Avx512TileKernels();
 // (vdpbf16ps); the softmax stays f32. Or nullptr when this CPU lacks AVX512-BF16.
 const TileKernels* Avx512Bf16TileKernels();
 
-// RunAttention with the given kernels; lets tests compare both flavours on one machine.
-void RunAttentionWith(const AttentionProblem& problem, const TileKernels& kernels);
+// RunAttention with the given kernels; lets tests compare both flavours on one machine, and
+// lower the number of keys a thread may pack to reach the path of tasks whose keys do not fit.
+void RunAttentionWith(const AttentionProblem& problem, const TileKernels& kernels,
+                      int64_t max_pack_rows = std::numeric_limits<int64_t>::max());
 
 }  // namespace attnserve::core::internal

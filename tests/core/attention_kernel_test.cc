@@ -1,7 +1,7 @@
 // RunAttention against an independent double-precision oracle written here: random ragged
 // problems at the kernel's block boundaries (tile rows 16/48, key blocks 64, key tiles 8),
 // causal with S != S_kv both ways, fused-QKV strides, odd head sizes, probabilities on and off,
-// a long causal sequence; for every tile-kernel flavour (portable and, when the CPU has them,
+// a long causal sequence, keys too many to pack; for every tile-kernel flavour (portable and, when the CPU has them,
 // AVX-512 and AVX-512 with bf16 products).
 
 #include "core/attention_kernel.h"
@@ -213,13 +213,16 @@ class AttentionKernelTest : public ::testing::TestWithParam<std::string> {
     return internal::Avx512TileKernels();
   }
 
-  void Check(const Case& c, const std::string& what) {
+  // Without room to pack keys, every task reads them in place, and kernels with a packed form
+  // of their own (bf16) hand each task to their f32 fallback: all flavours give the f32 answer.
+  void Check(const Case& c, const std::string& what, bool room_to_pack = true) {
     const internal::TileKernels* kernels = Kernels();
     if (kernels == nullptr) GTEST_SKIP() << "this CPU lacks " << GetParam();
     Problem pr;
     Build(c, pr);
-    pr.bf16_operands = GetParam() == "avx512_bf16";
-    internal::RunAttentionWith(pr.p, *kernels);
+    pr.bf16_operands = GetParam() == "avx512_bf16" && room_to_pack;
+    internal::RunAttentionWith(pr.p, *kernels,
+                               room_to_pack ? std::numeric_limits<int64_t>::max() : 0);
     ExpectMatchesReference(pr, what, pr.bf16_operands ? kBf16Tolerance : kTolerance);
   }
 };
@@ -308,6 +311,21 @@ TEST_P(AttentionKernelTest, LongCausalSequence) {
   c.fused = true;
   c.seed = 51;
   Check(c, "long causal");
+}
+
+TEST_P(AttentionKernelTest, KeysThatDoNotFitTheScratchAreReadInPlace) {
+  // Long sequences (a long one alone has no room in a many-threaded team's scratch): tasks of
+  // several 48-row tiles, which would otherwise share a packed copy, and block-unaligned keys.
+  for (bool causal : {false, true}) {
+    Case c;
+    c.q_lengths = {200, 65, 130};
+    c.kv_lengths = {200, 300, 65};
+    c.num_heads = 3;
+    c.causal = causal;
+    c.probs = true;
+    c.seed = 71 + causal;
+    Check(c, "in place causal=" + std::to_string(causal), /*room_to_pack=*/false);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Flavours, AttentionKernelTest,
