@@ -1,8 +1,8 @@
 // RunAttention against an independent double-precision oracle written here: random ragged
 // problems at the kernel's block boundaries (tile rows 16/48, key blocks 64, key tiles 8),
 // causal with S != S_kv both ways, fused-QKV strides, odd head sizes, probabilities on and off,
-// a long causal sequence, keys too many to pack; for every tile-kernel flavour (portable and, when the CPU has them,
-// AVX-512 and AVX-512 with bf16 products).
+// a long causal sequence, keys too many to pack; for every tile-kernel flavour (portable and,
+// when the CPU has them, AVX-512 and AVX-512 with bf16 products).
 
 #include "core/attention_kernel.h"
 
