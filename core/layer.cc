@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <exception>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/attention_kernel.h"
 #include "core/dnnl_context.h"
+#include "core/guarded.h"
 
 namespace attnserve::core {
 namespace {
@@ -354,32 +353,25 @@ std::vector<uint16_t> ToBf16(const std::vector<float>& values) {
 absl::StatusOr<std::shared_ptr<const Layer>> Layer::Create(LayerWeights weights,
                                                            Precision precision) {
   if (absl::Status s = CheckWeights(weights); !s.ok()) return s;
-  for (const std::vector<float>* w : {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o,
-                                      &weights.b_q, &weights.b_k, &weights.b_v, &weights.b_o}) {
-    if (!std::all_of(w->begin(), w->end(), [](float v) { return std::isfinite(v); })) {
-      return absl::InvalidArgumentError("layer weights contain a non-finite value");
+  using Made = absl::StatusOr<std::shared_ptr<const Layer>>;
+  return Guarded("preparing the layer", absl::StatusCode::kInternal, [&]() -> Made {
+    auto impl = std::make_unique<Impl>();
+    impl->spec = weights.spec;
+    impl->precision = precision;
+    impl->w_qkv = Stack({&weights.w_q, &weights.w_k, &weights.w_v});
+    impl->b_qkv = Stack({&weights.b_q, &weights.b_k, &weights.b_v});
+    impl->w_o = std::move(weights.w_o);
+    impl->b_o = std::move(weights.b_o);
+    if (precision == Precision::kBF16) {
+      // Reordered once here; activations are rounded per call, accumulation stays f32.
+      impl->w_qkv16 = ToBf16(impl->w_qkv);
+      impl->w_o16 = ToBf16(impl->w_o);
+      impl->w_qkv = {};
+      impl->w_o = {};
     }
-  }
-  auto impl = std::make_unique<Impl>();
-  impl->spec = weights.spec;
-  impl->precision = precision;
-  impl->w_qkv = Stack({&weights.w_q, &weights.w_k, &weights.w_v});
-  impl->b_qkv = Stack({&weights.b_q, &weights.b_k, &weights.b_v});
-  impl->w_o = std::move(weights.w_o);
-  impl->b_o = std::move(weights.b_o);
-  if (precision == Precision::kBF16) {
-    // Reordered once here; activations are rounded per call, accumulation stays f32.
-    impl->w_qkv16 = ToBf16(impl->w_qkv);
-    impl->w_o16 = ToBf16(impl->w_o);
-    impl->w_qkv = {};
-    impl->w_o = {};
-  }
-  try {
     CpuEngine();  // fail here, not in the first call, if oneDNN cannot make an engine
-  } catch (const dnnl::error& e) {
-    return absl::InternalError(absl::StrCat("oneDNN CPU engine: ", e.what()));
-  }
-  return std::shared_ptr<const Layer>(new Layer(std::move(impl)));
+    return std::shared_ptr<const Layer>(new Layer(std::move(impl)));
+  });
 }
 
 Layer::Layer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -457,15 +449,8 @@ absl::Status Layer::Forward(const ForwardArgs& args, std::span<float> output,
   }
   // Tiny calls: one thread (the team's start-up and barriers would cost more than they save).
   ScopedOmpThreads threads(CallFlops(impl_->spec, args) < kSerialFlops ? 1 : 0);
-  try {
-    return impl_->Run(args, output, attention);
-  } catch (const dnnl::error& e) {
-    return absl::InternalError(absl::StrCat("oneDNN: ", e.what()));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("out of memory for the layer's scratch buffers");
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("layer forward: ", e.what()));
-  }
+  return Guarded("layer forward", absl::StatusCode::kInternal,
+                 [&] { return impl_->Run(args, output, attention); });
 }
 
 absl::Status Layer::Impl::Run(const ForwardArgs& args, std::span<float> output,

@@ -36,7 +36,8 @@ struct ForwardShapes {
 // Forward may be called from several threads at once.
 class Layer {
  public:
-  // Takes the weights (checked with CheckWeights) and prepares them for `precision`.
+  // Takes the weights (checked with CheckWeights) and prepares them for `precision`. Never
+  // throws: running out of memory is ResourceExhausted.
   static absl::StatusOr<std::shared_ptr<const Layer>> Create(LayerWeights weights,
                                                              Precision precision = Precision::kF32);
   ~Layer();
@@ -54,7 +55,8 @@ class Layer {
 
   // Runs the layer. `output` has Shapes().output_size() floats, `attention` attention_size()
   // (empty when not asked). Padded rows of the output and masked probabilities are written 0.
-  // Validates first; oneDNN failures come back as Internal, never as exceptions.
+  // Validates first; oneDNN failures come back as Internal and running out of memory as
+  // ResourceExhausted, never as exceptions.
   absl::Status Forward(const ForwardArgs& args, std::span<float> output,
                        std::span<float> attention = {}) const;
 

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/guarded.h"
 #include "core/safetensors.h"
 
 namespace attnserve::core {
@@ -96,7 +97,7 @@ class TensorSet {
 
   bool Has(const std::string& name) const { return tensors_.count(name) > 0; }
 
-  // The rank-`rank` tensor `name`, marked as used.
+  // The rank-`rank` tensor `name`, marked as used; refused if it holds a NaN or an infinity.
   absl::StatusOr<const StoredTensor*> Take(const std::string& name, size_t rank) {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) return Error(name, "is missing");
@@ -104,6 +105,12 @@ class TensorSet {
     if (it->second.shape.size() != rank) {
       return Error(name, absl::StrCat("has shape ", ShapeText(it->second.shape), ", expected ",
                                       rank == 1 ? "a vector" : "a matrix"));
+    }
+    const std::vector<float>& values = it->second.values;
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i])) {
+        return Error(name, absl::StrCat("has a non-finite value at index ", i));
+      }
     }
     return &it->second;
   }
@@ -175,6 +182,7 @@ absl::StatusOr<Linear> TakeLinear(TensorSet& set, const std::string& weight_name
     return set.Error(weight_name, absl::StrCat("has ", (*weight)->shape[0], " rows, expected a ",
                                                "positive multiple of ", parts, " (fused parts)"));
   }
+  if ((*weight)->shape[1] == 0) return set.Error(weight_name, "has no columns");
   if (!set.Has(bias_name)) return linear;
   absl::StatusOr<const StoredTensor*> bias = set.Take(bias_name, 1);
   if (!bias.ok()) return bias.status();
@@ -355,9 +363,7 @@ absl::StatusOr<LayerWeights> BuildWeights(TensorSet& set, const SafetensorsFile&
   return weights;
 }
 
-}  // namespace
-
-absl::StatusOr<LayerWeights> LoadLayerWeights(const std::string& path, const LoadOptions& options) {
+absl::StatusOr<LayerWeights> LoadChecked(const std::string& path, const LoadOptions& options) {
   const std::string& prefix = options.prefix;
   absl::StatusOr<SafetensorsFile> file =
       ReadSafetensors(path, [&prefix](std::string_view name) { return name.starts_with(prefix); });
@@ -373,6 +379,12 @@ absl::StatusOr<LayerWeights> LoadLayerWeights(const std::string& path, const Loa
   }
   TensorSet set(path, prefix, std::move(mine));
   return BuildWeights(set, *file, options);
+}
+
+}  // namespace
+
+absl::StatusOr<LayerWeights> LoadLayerWeights(const std::string& path, const LoadOptions& options) {
+  return Guarded(path, absl::StatusCode::kInternal, [&] { return LoadChecked(path, options); });
 }
 
 }  // namespace attnserve::core

@@ -22,12 +22,13 @@ struct LayerWeights {
 // How to read a weights file.
 struct LoadOptions {
   std::optional<int64_t> num_heads;  // wins over the file's __metadata__ "num_heads"
-  std::string prefix;                // stripped from every tensor name, e.g. "encoder.layers.0.self_attn."
+  std::string prefix;  // stripped from every tensor name, e.g. "encoder.layers.0.self_attn."
 };
 
 // Loads a layer from a safetensors file, recognising the layout by its tensor names.
 // Refuses missing or unexpected tensors, shapes that disagree, a num_heads that does not divide
-// the inner width or is missing, with a message naming the file and the tensor.
+// the inner width or is missing, with a message naming the file and the tensor; a file too
+// large for the memory left is ResourceExhausted. Never throws.
 absl::StatusOr<LayerWeights> LoadLayerWeights(const std::string& path, const LoadOptions& options);
 
 // Checks that the matrices of `weights` have the sizes its spec says (used by every source of

@@ -3,6 +3,7 @@
 #include "core/safetensors.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -146,6 +147,18 @@ TEST_F(SafetensorsTest, RefusesAHeaderLengthPastTheEnd) {
   }
 }
 
+TEST_F(SafetensorsTest, RefusesAHeaderOverTheLimit) {
+  // 100 MiB + 1 of header in a file that holds it (sparse: nothing is written past the '{').
+  const uint64_t length = (uint64_t{100} << 20) + 1;
+  std::string bytes;
+  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
+  WriteBytes(Path("huge"), bytes + "{");
+  std::filesystem::resize_file(Path("huge"), 8 + length + 8);
+  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(Path("huge"));
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(file.status().message().find("exceeds the limit"), std::string::npos) << file.status();
+}
+
 TEST_F(SafetensorsTest, RefusesALengthThatCutsTheHeader) {
   const SafetensorsParts parts = MakeSafetensors({F32("a", {1}, {1})});
   EXPECT_EQ(WriteAndRead(parts, static_cast<int64_t>(parts.header.size()) - 1).status().code(),
@@ -156,6 +169,26 @@ TEST_F(SafetensorsTest, RefusesBadJson) {
   for (const char* header : {"", "{", "not json", "{\"a\": }", "[1, 2]", "\"text\"", "null"}) {
     EXPECT_EQ(ReadHeader(header).status().code(), absl::StatusCode::kInvalidArgument) << header;
   }
+}
+
+TEST_F(SafetensorsTest, RefusesANulByteAndNestingNoHeaderHas) {
+  const std::string good = R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  ASSERT_TRUE(ReadHeader(good).ok());
+  // A JSON parser may stop at a NUL and take the rest for the end of input.
+  absl::StatusOr<SafetensorsFile> nul = ReadHeader(good + std::string(1, '\0') + "}}{{ not json");
+  EXPECT_EQ(nul.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nul.status().message().find("NUL byte"), std::string::npos) << nul.status();
+  // Valid JSON, one level deeper than a header (a nested document of megabytes would cost
+  // gigabytes to parse).
+  absl::StatusOr<SafetensorsFile> deep = ReadHeader(
+      R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "x": {"y": [1]}}})");
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(deep.status().message().find("nests deeper"), std::string::npos) << deep.status();
+  // Brackets and escaped quotes inside a name are not nesting.
+  absl::StatusOr<SafetensorsFile> named =
+      ReadHeader(R"({"a[[{{\"[{": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->tensors.count("a[[{{\"[{"), 1u);
 }
 
 TEST_F(SafetensorsTest, RefusesMalformedEntries) {

@@ -1,12 +1,20 @@
-// Tests of the layout loader (LoadLayerWeights), CheckWeights and the demo layer. Good files are
-// the committed fixtures (written by PyTorch); bad ones are built here in a temp dir.
+// Tests of the layout loader (LoadLayerWeights), CheckWeights, the demo layer, and loading under
+// a memory limit. Good files are the committed fixtures (written by PyTorch); bad ones are built
+// here in a temp dir.
 #include "core/weights.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/layer.h"
 #include "core/safetensors.h"
 #include "gtest/gtest.h"
 #include "tests/common/golden.h"
@@ -214,7 +222,10 @@ TEST_F(LoadRefusalTest, RefusesShapesThatDisagree) {
   EXPECT_EQ(Code(With(Fused(), PatternTensor("Wqkv.bias", {8}))), kInvalid);
   EXPECT_EQ(Code(With(Fused(), PatternTensor("Wo.bias", {8, 1}))), kInvalid);
   EXPECT_EQ(Code(With(Fused(), PatternTensor("Wqkv.weight", {24, 8, 1}))), kInvalid);
-  EXPECT_EQ(Code(With(Fused(), PatternTensor("Wqkv.weight", {24, 0}))), kInvalid);
+  absl::StatusOr<LayerWeights> empty = Load(With(Fused(), PatternTensor("Wqkv.weight", {24, 0})));
+  EXPECT_EQ(empty.status().code(), kInvalid);
+  EXPECT_NE(empty.status().message().find("'Wqkv.weight' has no columns"), std::string::npos)
+      << empty.status();
   const std::vector<TensorToWrite> separate = {PatternTensor("W_q.weight", {8, 8}),
                                                PatternTensor("W_k.weight", {6, 8}),
                                                PatternTensor("W_v.weight", {8, 8})};
@@ -252,7 +263,11 @@ TEST_F(LoadRefusalTest, RefusesUnknownLayouts) {
 TEST_F(LoadRefusalTest, RefusesNonFiniteWeights) {
   TensorToWrite wo = PatternTensor("Wo.weight", {8, 8});
   wo.values[5] = NAN;
-  EXPECT_EQ(Code(With(Fused(), wo)), kInvalid);
+  absl::StatusOr<LayerWeights> w = Load(With(Fused(), wo));
+  EXPECT_EQ(w.status().code(), kInvalid);
+  EXPECT_NE(w.status().message().find("'Wo.weight' has a non-finite value at index 5"),
+            std::string::npos)
+      << w.status();
   wo.values[5] = INFINITY;
   EXPECT_EQ(Code(With(Fused(), wo)), kInvalid);
 }
@@ -335,6 +350,42 @@ TEST(CheckWeightsTest, RefusesWrongSizesAndNonFiniteValues) {
   w = MakeDemoWeights();
   w.spec.has_output_projection = false;  // then w_o must be empty
   EXPECT_EQ(CheckWeights(w).code(), kInvalid);
+}
+
+// ------------------------------------------------------------------ out of memory
+
+// Caps the process's address space at what it maps now plus `headroom_mib`.
+void LimitAddressSpace(int64_t headroom_mib) {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0;
+  statm >> pages;
+  const rlim_t bytes = static_cast<rlim_t>(pages * sysconf(_SC_PAGESIZE) + (headroom_mib << 20));
+  const rlimit limit{bytes, bytes};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(3);
+}
+
+// Loading a 16 MiB layer and preparing it for bf16 under a memory limit that every step of the
+// way can exhaust: each failed allocation comes back as ResourceExhausted, none ends the process.
+TEST(OutOfMemoryTest, LoadingAndPreparingALayerAnswerWithAStatus) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string path = test::MakeTempDir("oom") + "/big.safetensors";
+  test::WriteSafetensorsFile(path, MakeSafetensors({PatternTensor("Wqkv.weight", {3072, 1024}),
+                                                    PatternTensor("Wo.weight", {1024, 1024})},
+                                                   {{"num_heads", "8"}}));
+  for (int64_t headroom_mib : {4, 16, 28, 40, 52, 64, 76, 88, 100, 160, 400}) {
+    EXPECT_EXIT(
+        {
+          LimitAddressSpace(headroom_mib);
+          const auto answered = [](const absl::Status& s) {
+            return s.ok() || s.code() == absl::StatusCode::kResourceExhausted;
+          };
+          absl::StatusOr<LayerWeights> w = LoadLayerWeights(path, {});
+          if (!w.ok()) std::_Exit(answered(w.status()) ? 0 : 1);
+          std::_Exit(answered(Layer::Create(*std::move(w), Precision::kBF16).status()) ? 0 : 2);
+        },
+        testing::ExitedWithCode(0), "")
+        << headroom_mib << " MiB of headroom";
+  }
 }
 
 }  // namespace
