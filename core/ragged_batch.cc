@@ -15,11 +15,14 @@ int64_t RaggedBatch::max_length() const {
 
 int64_t RaggedBatch::rows() const { return packed() ? total_length() : batch() * padded_length; }
 
-// Packed offsets are a prefix sum; callers that walk every sequence should accumulate
-// themselves rather than call this in a loop (it is O(b) when packed).
-int64_t RaggedBatch::row_offset(int64_t b) const {
-  if (!packed()) return b * padded_length;
-  return std::accumulate(lengths.begin(), lengths.begin() + b, int64_t{0});
+std::vector<int64_t> RaggedBatch::row_offsets() const {
+  std::vector<int64_t> offsets(lengths.size());
+  int64_t row = 0;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    offsets[b] = row;
+    row += packed() ? lengths[b] : padded_length;
+  }
+  return offsets;
 }
 
 }  // namespace attnserve::core

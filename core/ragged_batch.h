@@ -14,18 +14,18 @@ struct RaggedBatch {
 
   const float* data = nullptr;
   int64_t width = 0;
-  std::vector<int64_t> lengths;       // one per sequence, each >= 0
-  int64_t padded_length = kPacked;    // rows reserved per sequence; kPacked: none reserved
+  std::vector<int64_t> lengths;     // one per sequence, each >= 0
+  int64_t padded_length = kPacked;  // rows reserved per sequence; kPacked: none reserved
 
   bool packed() const { return padded_length == kPacked; }
   int64_t batch() const { return static_cast<int64_t>(lengths.size()); }
-  int64_t total_length() const;       // sum of lengths: the valid tokens
-  int64_t max_length() const;         // longest sequence (0 for an empty batch)
-  int64_t rows() const;               // rows in `data`: packed total_length, padded batch*padded_length
+  int64_t total_length() const;  // sum of lengths: the valid tokens
+  int64_t max_length() const;    // longest sequence (0 for an empty batch)
+  int64_t rows() const;          // rows in `data`: packed total_length, padded batch*padded_length
   // The sequence length the padded views use: padded_length, or max_length when packed.
   int64_t view_length() const { return packed() ? max_length() : padded_length; }
-  // Row of `data` where sequence b starts.
-  int64_t row_offset(int64_t b) const;
+  // Row of `data` where each sequence starts (one pass, also when packed).
+  std::vector<int64_t> row_offsets() const;
 };
 
 }  // namespace attnserve::core

@@ -1,5 +1,6 @@
 #include "server/forward_codec.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +18,10 @@ static_assert(std::endian::native == std::endian::little,
               "raw tensors are little-endian float32, read in place");
 
 using Lengths = google::protobuf::RepeatedField<int32_t>;
+
+// Sequences per batch. Empty sequences cost no tokens but a few words of bookkeeping each: a
+// 64 MiB message of zero lengths would otherwise hold the worker for seconds and take gigabytes.
+constexpr int64_t kMaxSequences = int64_t{1} << 16;
 
 // The element count of `shape`, refusing a rank other than 2 or 3, non-positive dims and
 // products that overflow.
@@ -82,8 +87,15 @@ absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_v
   }
   for (int64_t i = 0; i < count; ++i) {
     if (!std::isfinite(data[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": element ", i, " is not finite (", data[i], ")"));
+      // The element's index per dimension, last dimension fastest.
+      std::vector<int64_t> at(tensor.shape_size());
+      int64_t rest = i;
+      for (int d = tensor.shape_size() - 1; d >= 0; --d) {
+        at[d] = rest % tensor.shape(d);
+        rest /= tensor.shape(d);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(what, ": element [", absl::StrJoin(at, ", "),
+                                                     "] is not finite (", data[i], ")"));
     }
   }
   return data;
@@ -93,6 +105,11 @@ absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_v
 absl::Status DecodeLengths(const v1::Tensor& tensor, const Lengths& lengths, absl::string_view what,
                            core::RaggedBatch* batch) {
   const bool packed = tensor.shape_size() == 2;
+  const int64_t sequences = packed ? std::max<int64_t>(lengths.size(), 1) : tensor.shape(0);
+  if (sequences > kMaxSequences) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", sequences, " sequences in one call, over the limit of ", kMaxSequences));
+  }
   if (packed) {
     const int64_t rows = tensor.shape(0);
     if (lengths.empty()) {

@@ -30,8 +30,9 @@ bool Mergeable(const core::ForwardArgs& head, const core::ForwardArgs& job) {
 // Appends the valid rows of `batch` to `rows` (packed) and its lengths to `lengths`.
 void AppendValidRows(const core::RaggedBatch& batch, std::vector<float>* rows,
                      std::vector<int64_t>* lengths) {
+  const std::vector<int64_t> offsets = batch.row_offsets();
   for (int64_t b = 0; b < batch.batch(); ++b) {
-    const float* src = batch.data + batch.row_offset(b) * batch.width;
+    const float* src = batch.data + offsets[b] * batch.width;
     rows->insert(rows->end(), src, src + batch.lengths[b] * batch.width);
     lengths->push_back(batch.lengths[b]);
   }
@@ -210,9 +211,10 @@ void Scheduler::RunMerged(std::vector<std::unique_ptr<Job>>& jobs) {
   for (auto& job : jobs) {
     const core::RaggedBatch& input = job->args().input;
     const ForwardBuffers buffers = job->Buffers(layer_->Shapes(job->args()));
+    const std::vector<int64_t> offsets = input.row_offsets();
     for (int64_t b = 0; b < input.batch(); ++b) {
       const int64_t count = input.lengths[b] * width;
-      std::memcpy(buffers.output.data() + input.row_offset(b) * width, src, count * sizeof(float));
+      std::memcpy(buffers.output.data() + offsets[b] * width, src, count * sizeof(float));
       src += count;
     }
     job->Finish(absl::OkStatus(), run);

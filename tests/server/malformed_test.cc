@@ -132,6 +132,13 @@ std::vector<BadCase> BadCases() {
          r.set_lengths(1, -2);
        }),
        StatusCode::INVALID_ARGUMENT},
+      {"more sequences than a call may hold", with([](auto& r) {
+         *r.mutable_input() = MakeTensor({4, kDemoWidth}, Ramp(4 * kDemoWidth), true);
+         r.clear_lengths();
+         r.add_lengths(4);
+         for (int i = 0; i < 1 << 16; ++i) r.add_lengths(0);  // empty, but each one is a sequence
+       }),
+       StatusCode::INVALID_ARGUMENT},
       {"cross kind without context", with([](auto& r) { r.set_kind(v1::ATTENTION_KIND_CROSS); }),
        StatusCode::INVALID_ARGUMENT},
       {"self kind with a context",
@@ -226,6 +233,17 @@ TEST_F(MalformedTest, EachGetsItsStatusAndTheServerKeepsServing) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.output().shape_size(), 3);
   for (float v : response.output().values()) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST_F(MalformedTest, ANonFiniteValueIsReportedByItsPosition) {
+  v1::ForwardRequest request = ValidRequest();
+  request.mutable_input()->set_values(kDemoWidth + 5, std::numeric_limits<float>::quiet_NaN());
+  v1::ForwardResponse response;
+  const grpc::Status status = Call(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("input: element [0, 1, 5] is not finite"),
+            std::string::npos)
+      << status.error_message();
 }
 
 }  // namespace
