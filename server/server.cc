@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -98,15 +99,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
 Server::~Server() { Shutdown(); }
 
-void Server::Shutdown(std::chrono::milliseconds grace) {
+void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds lame_duck) {
   std::lock_guard lock(shutdown_mu_);
   if (shut_down_ || grpc_server_ == nullptr) return;
   shut_down_ = true;
+  const auto start = std::chrono::steady_clock::now();
   Log(LogLevel::kInfo, "shutting down: draining calls", {{"address", address_}});
   // Load balancers first, so they stop sending; then refuse what still arrives.
   SetHealth(grpc_server_.get(), false);
   service_->StopAccepting();
-  registry_->Drain(std::chrono::steady_clock::now() + grace);
+  registry_->Drain(start + grace);
+  std::this_thread::sleep_until(start + lame_duck);
   // Every accepted call is answered by now; gRPC only has replies to flush. It would otherwise
   // wait out the whole grace for idle client connections to close.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::min(grace, kFlushTime));

@@ -39,9 +39,13 @@ class Server {
   // Calls accepted and not yet answered (queued or computing), over every model.
   int pending_calls() const { return registry_->pending(); }
 
-  // Graceful stop: health NOT_SERVING, new calls UNAVAILABLE, queued and running calls finish,
-  // then gRPC shuts down, cancelling what is left after `grace`. Idempotent.
-  void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(30));
+  // Graceful stop: health NOT_SERVING, new calls UNAVAILABLE, queued and running calls finish;
+  // calls still queued when `grace` ends are answered UNAVAILABLE (a running computation
+  // finishes). The service keeps answering new calls UNAVAILABLE for at least `lame_duck`
+  // (clients and load balancers move away) before gRPC stops, since gRPC's own shutdown cuts a
+  // call that reaches it then as CANCELLED. Idempotent.
+  void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(30),
+                std::chrono::milliseconds lame_duck = std::chrono::milliseconds(0));
 
  private:
   Server() = default;
