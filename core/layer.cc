@@ -248,7 +248,7 @@ void ZeroTail(float* data, int64_t valid, int64_t rows, int64_t width) {
   std::memset(data + valid * width, 0, (rows - valid) * width * sizeof(float));
 }
 
-// Useful FLOPs of a valid call, as DESIGN.md counts them (no padding, causal halves).
+// Useful FLOPs of a valid call (no padding; causal attention counts its visible half).
 double CallFlops(const LayerSpec& spec, const ForwardArgs& args) {
   const RaggedBatch& kv = args.context ? *args.context : args.input;
   const double inner = static_cast<double>(spec.inner());

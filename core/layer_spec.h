@@ -20,7 +20,7 @@ constexpr bool IsCross(AttentionKind kind) {
 
 std::string_view KindName(AttentionKind kind);
 
-// How the layer's weights were named in its file (DESIGN.md, "Weights").
+// How the layer's weights were named in its file (README.md, "Serving your own PyTorch layer").
 enum class WeightLayout {
   kSeparate,       // W_q, W_k, W_v
   kQueryKeyValue,  // w_query, w_key, w_value

@@ -1,4 +1,4 @@
-// attnserve: serves trained multi-head attention layers over gRPC (see DESIGN.md).
+// attnserve: serves trained multi-head attention layers over gRPC (see README.md).
 
 #include <pthread.h>
 #include <signal.h>

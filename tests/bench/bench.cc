@@ -1,4 +1,4 @@
-// attnserve_bench: the standard shapes of DESIGN.md through Layer::Forward, beside a 4096^3
+// attnserve_bench: the standard shapes (shapes.cc) through Layer::Forward, beside a 4096^3
 // oneDNN f32 matmul measured in the same run as the peak. One JSON line per shape, then a
 // table. tests/bench/pytorch_bench.py prints the same lines for PyTorch; compare.sh runs both.
 

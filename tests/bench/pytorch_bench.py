@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The standard shapes of DESIGN.md the way a PyTorch user runs them: nn.MultiheadAttention on
+"""The standard shapes of shapes.cc the way a PyTorch user runs them: nn.MultiheadAttention on
 padded batches with key-padding (and causal) masks, in inference mode. Prints the JSON lines of
 attnserve_bench (same shapes, same ragged lengths, same useful-FLOP count, peak = a 4096^3 f32
 matmul in the same run) so compare.sh can set them side by side.
@@ -75,7 +75,7 @@ def all_shapes():
 
 
 def useful_flops(s):
-    """DESIGN.md's count: padding and the masked half of causal attention are not useful."""
+    """The useful count: padding and the masked half of causal attention are not useful."""
     d = inner = ctx = s["d_model"]
     share = 0.5 if s["kind"].startswith("causal") else 1.0
     return sum(2 * l * d * inner + 4 * k * ctx * inner + share * 4 * l * k * inner + 2 * l * inner * d

@@ -1,6 +1,6 @@
 #pragma once
 
-// The standard benchmark shapes of DESIGN.md, their random weights and inputs, and the useful
+// The standard benchmark shapes, their random weights and inputs, and the useful
 // FLOPs they are credited with. pytorch_bench.py mirrors this file (same lengths, same counts).
 
 #include <cstdint>
@@ -41,7 +41,7 @@ absl::StatusOr<std::vector<Shape>> ParseShapes(const std::string& names);
 // The known names, comma-separated (for --help).
 std::string ShapeNames();
 
-// Useful FLOPs of one call as DESIGN.md counts them (padding and masked halves not counted).
+// Useful FLOPs of one call (padding and masked halves not counted).
 double UsefulFlops(const Shape& shape);
 
 // The projections' share of UsefulFlops (Q, K, V and output matmuls).
