@@ -51,6 +51,7 @@ TEST(LoadLayerWeightsTest, LoadsEveryLayoutOfTheFixtures) {
       {"w_fused_single.safetensors", none, WeightLayout::kFusedQkv, 32, 32, 1, 8, true, true},
       {"w_fused_nobias.safetensors", none, WeightLayout::kFusedQkv, 16, 16, 2, 8, false, true},
       {"w_query_kv.safetensors", none, WeightLayout::kQueryKv, 16, 12, 2, 8, true, true},
+      {"w_query_kv_self.safetensors", none, WeightLayout::kQueryKv, 16, 16, 2, 8, true, true},
       {"w_torch_mha.safetensors", none, WeightLayout::kTorchMha, 16, 16, 4, 4, true, true},
       {"w_fused_f16.safetensors", none, WeightLayout::kFusedQkv, 16, 16, 4, 4, true, true},
       {"w_torch_bf16.safetensors", none, WeightLayout::kTorchMha, 16, 16, 4, 4, true, true},
