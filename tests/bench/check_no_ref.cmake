@@ -1,9 +1,10 @@
-# Runs attnserve_bench on small shapes, f32 and bf16, with ONEDNN_VERBOSE=1 and fails when the log
-# shows a oneDNN reference implementation (or the benchmark fails). Usage: cmake -DBENCH=... -P this.
+# Runs attnserve_bench on every standard shape, f32 and bf16, with ONEDNN_VERBOSE=1 and fails when
+# the log shows a oneDNN reference implementation (or the benchmark fails).
+# Usage: cmake -DBENCH=... -P this.
 set(ENV{ONEDNN_VERBOSE} 1)
 foreach(precision f32 bf16)
   execute_process(
-    COMMAND ${BENCH} --shapes small,ragged --reps 1 --threads 2 --precision ${precision}
+    COMMAND ${BENCH} --shapes bert,causal,ragged,cross,small,long --reps 1 --threads 2 --precision ${precision}
     OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "attnserve_bench --precision ${precision} failed (${rc}):\n${out}\n${err}")
