@@ -1,7 +1,8 @@
-# Runs attnserve_bench on every standard shape, f32 and bf16, with ONEDNN_VERBOSE=1 and fails when
-# the log shows a oneDNN reference implementation (or the benchmark fails).
-# Usage: cmake -DBENCH=... -P this.
-set(ENV{ONEDNN_VERBOSE} 1)
+# Runs attnserve_bench on every standard shape, f32 and bf16, with ONEDNN_VERBOSE=2 and fails when
+# the log shows a oneDNN reference implementation, or a primitive created a second time (oneDNN's
+# own cache logs that as create:cache_hit: each shape runs twice, so per-call creation shows), or
+# the benchmark fails. Usage: cmake -DBENCH=... -P this.
+set(ENV{ONEDNN_VERBOSE} 2)
 foreach(precision f32 bf16)
   execute_process(
     COMMAND ${BENCH} --shapes bert,causal,ragged,cross,small,long --reps 1 --threads 2 --precision ${precision}
@@ -19,5 +20,12 @@ foreach(precision f32 bf16)
       message(FATAL_ERROR "oneDNN reference implementation used (${precision}):\n${line}")
     endif()
   endforeach()
-  message(STATUS "${precision}: ${n_exec} oneDNN executions, none by a reference implementation")
+  string(REGEX MATCHALL "onednn_verbose,create:cache_miss[^\n]*" creates "${out}")
+  list(LENGTH creates n_create)
+  string(REGEX MATCH "onednn_verbose,create:cache_hit[^\n]*" again "${out}")
+  if(again)
+    message(FATAL_ERROR "a oneDNN primitive was created again (${precision}):\n${again}")
+  endif()
+  message(STATUS "${precision}: ${n_exec} oneDNN executions of ${n_create} primitives, each "
+                 "created once, none a reference implementation")
 endforeach()
