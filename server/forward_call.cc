@@ -72,7 +72,7 @@ void ForwardCall::Finish(const absl::Status& status, const RunInfo& run) {
 void FinishRefused(grpc::ServerUnaryReactor* reactor, const absl::Status& status,
                    const v1::ForwardRequest& request) {
   Log(LogLevel::kWarn, "forward refused",
-      {{"model", request.model()},
+      {{"model", Clipped(request.model())},
        {"code", absl::StatusCodeToString(status.code())},
        {"error", std::string(status.message())}});
   reactor->Finish(ToGrpcStatus(status));

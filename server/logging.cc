@@ -128,6 +128,12 @@ void InitLogging(LogLevel level, LogFormat format) {
   state.logger->flush_on(spdlog::level::trace);
 }
 
+std::string Clipped(absl::string_view client_text) {
+  constexpr size_t kShown = 100;
+  if (client_text.size() <= kShown) return std::string(client_text);
+  return absl::StrCat(client_text.substr(0, kShown), "... (", client_text.size(), " bytes)");
+}
+
 bool LogEnabled(LogLevel level) {
   return level != LogLevel::kOff && State().logger->should_log(ToSpdlog(level));
 }

@@ -50,4 +50,8 @@ struct LogField {
 // Writes one line when `level` is enabled.
 void Log(LogLevel level, absl::string_view message, const std::vector<LogField>& fields = {});
 
+// A string a client sent (a model name), as messages and log lines repeat it: at most 100 bytes,
+// then how long it was, so a huge one cannot swell an error's metadata or the log.
+std::string Clipped(absl::string_view client_text);
+
 }  // namespace attnserve::server

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/weights.h"
+#include "server/logging.h"
 
 namespace attnserve::server {
 namespace {
@@ -54,7 +55,7 @@ absl::StatusOr<ServedModel*> ModelRegistry::Find(absl::string_view name) const {
   for (const auto& model : models_) {
     if (model->name == name) return model.get();
   }
-  return absl::NotFoundError(absl::StrCat("no model '", name, "'; loaded: ", Names()));
+  return absl::NotFoundError(absl::StrCat("no model '", Clipped(name), "'; loaded: ", Names()));
 }
 
 int ModelRegistry::pending() const {

@@ -63,6 +63,9 @@ std::vector<BadCase> BadCases() {
   const float inf = std::numeric_limits<float>::infinity();
   return {
       {"unknown model", with([](auto& r) { r.set_model("nope"); }), StatusCode::NOT_FOUND},
+      // Echoed in full, 64 KiB would pass gRPC's 8 KiB metadata limit: RESOURCE_EXHAUSTED.
+      {"unknown model with a huge name",
+       with([](auto& r) { r.set_model(std::string(1 << 16, 'm')); }), StatusCode::NOT_FOUND},
       {"empty model with several loaded", with([](auto& r) { r.clear_model(); }),
        StatusCode::INVALID_ARGUMENT},
       {"kind unspecified", with([](auto& r) { r.set_kind(v1::ATTENTION_KIND_UNSPECIFIED); }),
