@@ -49,6 +49,16 @@ absl::StatusOr<int64_t> ElementCount(const v1::Tensor& tensor, absl::string_view
   return count;
 }
 
+// Element `flat` of a row-major tensor as its index per dimension: "[b, t, c]".
+std::string Position(const v1::Tensor& tensor, int64_t flat) {
+  std::vector<int64_t> at(tensor.shape_size());
+  for (int d = tensor.shape_size() - 1; d >= 0; --d) {
+    at[d] = flat % tensor.shape(d);
+    flat /= tensor.shape(d);
+  }
+  return absl::StrCat("[", absl::StrJoin(at, ", "), "]");
+}
+
 // Points at the tensor's floats, in place when possible; checks sizes and finiteness.
 absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_view what,
                                         int64_t count, std::vector<float>* copy, bool* raw) {
@@ -87,15 +97,8 @@ absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_v
   }
   for (int64_t i = 0; i < count; ++i) {
     if (!std::isfinite(data[i])) {
-      // The element's index per dimension, last dimension fastest.
-      std::vector<int64_t> at(tensor.shape_size());
-      int64_t rest = i;
-      for (int d = tensor.shape_size() - 1; d >= 0; --d) {
-        at[d] = rest % tensor.shape(d);
-        rest /= tensor.shape(d);
-      }
-      return absl::InvalidArgumentError(absl::StrCat(what, ": element [", absl::StrJoin(at, ", "),
-                                                     "] is not finite (", data[i], ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": element ", Position(tensor, i), " is not finite (", data[i], ")"));
     }
   }
   return data;
