@@ -2,6 +2,7 @@
 # Installs what attnserve needs to build, test and serve on Debian 12 (bookworm), as root.
 # Idempotent: packages already present are skipped, so a second run costs a second.
 #   deploy/install-deps.sh            build + test + serve
+#   deploy/install-deps.sh --test     also what the test suites run (deploy/test.sh)
 #   deploy/install-deps.sh --torch    also PyTorch (golden fixtures, PyTorch benchmark)
 set -euo pipefail
 
@@ -13,6 +14,10 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
   python3 python3-grpcio python3-numpy          # the Python client example and its test
 )
+# What only the test suites need (deploy/test.sh); one group per suite.
+test_packages=(
+)
+[[ "${1:-}" == "--test" ]] && packages+=("${test_packages[@]}")
 # Debian's torch calls the system BLAS; without OpenBLAS that is netlib's reference BLAS (~1 GFLOP/s),
 # which would make the PyTorch benchmark (tests/bench) meaningless. The OpenMP build matches torch's.
 [[ "${1:-}" == "--torch" ]] && packages+=(python3-torch libopenblas0-openmp)
