@@ -27,6 +27,15 @@ static_assert(std::endian::native == std::endian::little,
 // allocate gigabytes before we know the file is bad.
 constexpr uint64_t kMaxHeaderBytes = 100 * 1024 * 1024;
 
+// Within 100 MB of JSON, a header could still list 50 M dimensions or millions of tensors, which
+// parsed cost gigabytes. These bounds hold every real file with room to spare (a layer has 2-8
+// tensors, a whole model's file hundreds to a few thousand; PyTorch's weights have rank <= 4)
+// and cap what a header can make us build at about 100 MB. Checked on the text, before parsing.
+constexpr int64_t kMaxTensors = 16384;
+constexpr int64_t kMaxRank = 8;              // items in any list of an entry (shape, offsets)
+constexpr int64_t kMaxEntryKeys = 8;         // a tensor's entry has 3 (dtype, shape, offsets)
+constexpr int64_t kMaxMetadataEntries = 1024;
+
 using Json = nlohmann::json;
 
 // What the header says about one tensor, before any data is read.
@@ -42,9 +51,10 @@ absl::Status Invalid(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid safetensors file: ", what));
 }
 
-absl::Status InvalidTensor(const std::string& path, const std::string& name,
+absl::Status InvalidTensor(const std::string& path, std::string_view name,
                            const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "': ", what));
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": tensor '", NameForMessage(name), "': ", what));
 }
 
 // Bytes per element of every dtype the format defines (0: not a safetensors dtype). Knowing the
@@ -109,7 +119,8 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& path, const std::strin
 absl::Status CheckEntrySize(const std::string& path, const TensorEntry& entry) {
   const int64_t element_bytes = DtypeBytes(entry.dtype);
   if (element_bytes == 0) {
-    return InvalidTensor(path, entry.name, absl::StrCat("unknown dtype '", entry.dtype, "'"));
+    return InvalidTensor(path, entry.name,
+                         absl::StrCat("unknown dtype '", NameForMessage(entry.dtype), "'"));
   }
   uint64_t bytes = static_cast<uint64_t>(element_bytes);
   for (int64_t dim : entry.shape) {
@@ -203,7 +214,8 @@ absl::Status ParseMetadata(const std::string& path, const Json& value,
   if (!value.is_object()) return Invalid(path, "__metadata__ is not an object");
   for (const auto& [key, item] : value.items()) {
     if (!item.is_string()) {
-      return Invalid(path, absl::StrCat("__metadata__ '", key, "' is not a string"));
+      return Invalid(path,
+                     absl::StrCat("__metadata__ '", NameForMessage(key), "' is not a string"));
     }
     metadata[key] = item.get<std::string>();
   }
@@ -211,11 +223,21 @@ absl::Status ParseMetadata(const std::string& path, const Json& value,
 }
 
 // nlohmann takes a NUL byte for the end of input (ignoring what follows) and builds every level
-// of a deeply nested document (gigabytes for a 100 MB header): a safetensors header has neither.
+// of a deeply nested document, or every item of a long list (gigabytes for a 100 MB header): a
+// safetensors header has neither. One pass over the text, allocating nothing, refuses them;
+// a refusal names the tensor whose entry it is in.
 absl::Status CheckHeaderText(const std::string& path, const std::string& text) {
   constexpr int kMaxDepth = 3;  // {"name": {"shape": [dims]}}
+  struct Level {
+    int64_t items = 0;
+    std::string_view key;  // the last key at this level, as written (escapes not decoded)
+  };
+  Level levels[kMaxDepth + 1];
   int depth = 0;
   bool in_string = false, escaped = false;
+  size_t string_start = 0;
+  std::string_view last_string;
+  bool metadata_seen = false;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (c == '\0') return Invalid(path, absl::StrCat("the header has a NUL byte at offset ", i));
@@ -226,14 +248,48 @@ absl::Status CheckHeaderText(const std::string& path, const std::string& text) {
         escaped = true;
       } else if (c == '"') {
         in_string = false;
+        last_string = std::string_view(text).substr(string_start, i - string_start);
       }
-    } else if (c == '"') {
+      continue;
+    }
+    if (c == '"') {
       in_string = true;
-    } else if ((c == '{' || c == '[') && ++depth > kMaxDepth) {
-      return Invalid(path, absl::StrCat("the header nests deeper than the ", kMaxDepth,
-                                        " levels of a safetensors header"));
+      string_start = i + 1;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxDepth) {
+        return Invalid(path, absl::StrCat("the header nests deeper than the ", kMaxDepth,
+                                          " levels of a safetensors header"));
+      }
+      // An item is counted at its separator or key, so a container starts with one.
+      levels[depth] = Level{.items = 1, .key = {}};
     } else if (c == '}' || c == ']') {
       --depth;
+    } else if (depth > 0 && (c == ',' || c == ':')) {
+      Level& level = levels[depth];
+      if (c == ',') ++level.items;
+      if (c == ':') level.key = last_string;
+      const std::string_view tensor = levels[1].key;
+      // At a key we know whether this item is __metadata__; at a comma (a top-level list has
+      // no keys) allow for it.
+      if (depth == 1 && c == ':' && level.key == "__metadata__") metadata_seen = true;
+      if (depth == 1 && level.items - (c == ':' ? metadata_seen : 1) > kMaxTensors) {
+        return Invalid(path, absl::StrCat("the header lists more than ", kMaxTensors,
+                                          " tensors, the limit"));
+      }
+      if (depth == 2 && tensor == "__metadata__" && level.items > kMaxMetadataEntries) {
+        return Invalid(path, absl::StrCat("__metadata__ has more than ", kMaxMetadataEntries,
+                                          " entries, the limit"));
+      }
+      if (depth == 2 && tensor != "__metadata__" && level.items > kMaxEntryKeys) {
+        return InvalidTensor(path, tensor,
+                             absl::StrCat("header entry has more than ", kMaxEntryKeys, " items"));
+      }
+      if (depth == 3 && level.items > kMaxRank) {
+        return InvalidTensor(path, tensor,
+                             absl::StrCat("'", NameForMessage(levels[2].key), "' has more than ",
+                                          kMaxRank, " items (a shape has at most ", kMaxRank,
+                                          " dimensions)"));
+      }
     }
   }
   return absl::OkStatus();
@@ -291,13 +347,13 @@ absl::Status ReadTensorData(const std::string& path, std::ifstream& in, uint64_t
   if (!IsConvertible(entry.dtype)) {
     return InvalidTensor(
         path, entry.name,
-        absl::StrCat("unsupported dtype '", entry.dtype, "' (attnserve reads F32, F16 and BF16)"));
+        absl::StrCat("unsupported dtype '", NameForMessage(entry.dtype),
+                     "' (attnserve reads F32, F16 and BF16)"));
   }
   std::vector<char> raw(entry.end - entry.begin);
   in.seekg(static_cast<std::streamoff>(data_start + entry.begin));
   if (!in.read(raw.data(), static_cast<std::streamsize>(raw.size()))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": tensor '", entry.name, "': read failed"));
+    return InvalidTensor(path, entry.name, "read failed");
   }
   StoredTensor& tensor = file.tensors[entry.name];
   tensor.dtype = entry.dtype;
@@ -337,6 +393,15 @@ absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const Tenso
 }
 
 }  // namespace
+
+std::string NameForMessage(std::string_view name) {
+  constexpr size_t kMaxBytes = 100;
+  if (name.size() <= kMaxBytes) return std::string(name);
+  size_t cut = kMaxBytes;
+  // Back up to a UTF-8 character boundary, so the clipped name is still text.
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xc0) == 0x80) --cut;
+  return absl::StrCat(absl::string_view(name.data(), cut), "... (", name.size(), " bytes)");
+}
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   return ReadSafetensors(path, TensorFilter());

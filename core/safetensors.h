@@ -29,7 +29,9 @@ struct SafetensorsFile {
 // Reads and checks a whole file. Refuses (InvalidArgument / NotFound, naming the file and the
 // tensor) a short file, a header length past the end, bad JSON, offsets out of range or
 // overlapping, a dtype other than F32/F16/BF16, a shape that does not match its byte size.
-// (An existing file we may not open is PermissionDenied.)
+// (An existing file we may not open is PermissionDenied.) Bounds that hold any real file keep a
+// header from costing more memory than its size: at most 16384 tensors, 8 dimensions a shape,
+// 1024 __metadata__ entries; messages quote names clipped (NameForMessage).
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
 
 // Says which tensors to read; an empty filter reads them all.
@@ -39,5 +41,9 @@ using TensorFilter = std::function<bool(std::string_view name)>;
 // bigger model, in any dtype) are still checked for layout but neither read nor refused.
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
                                                 const TensorFilter& wanted);
+
+// `name` (of a tensor, a key, a dtype: read from a file) as a message quotes it: its first 100
+// bytes, marked as cut with its length when longer, since a name in a header may be megabytes.
+std::string NameForMessage(std::string_view name);
 
 }  // namespace attnserve::core

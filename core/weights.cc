@@ -117,7 +117,8 @@ class TensorSet {
 
   // A refusal naming the file and the tensor as the file spells it.
   absl::Status Error(const std::string& name, const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", prefix_, name, "' ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": tensor '", NameForMessage(prefix_ + name), "' ", what));
   }
 
   absl::Status FileError(const std::string& what) const {
@@ -134,10 +135,18 @@ class TensorSet {
     return absl::OkStatus();
   }
 
-  std::vector<std::string> Names() const {
+  // The first few names (clipped) and how many there are: a file may hold thousands.
+  std::string NamesText() const {
+    constexpr size_t kMaxListed = 8;
     std::vector<std::string> names;
-    for (const auto& [name, tensor] : tensors_) names.push_back(prefix_ + name);
-    return names;
+    for (const auto& [name, tensor] : tensors_) {
+      if (names.size() == kMaxListed) break;
+      names.push_back(NameForMessage(prefix_ + name));
+    }
+    if (tensors_.size() > kMaxListed) {
+      names.push_back(absl::StrCat("... ", tensors_.size() - kMaxListed, " more"));
+    }
+    return absl::StrCat("[", absl::StrJoin(names, ", "), "]");
   }
 
   static std::string ShapeText(const std::vector<int64_t>& shape) {
@@ -310,7 +319,8 @@ absl::StatusOr<int64_t> ResolveNumHeads(const SafetensorsFile& file, const LoadO
   int64_t num_heads = 0;
   if (!absl::SimpleAtoi(it->second, &num_heads)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(file.path, ": __metadata__ num_heads '", it->second, "' is not an integer"));
+        absl::StrCat(file.path, ": __metadata__ num_heads '", NameForMessage(it->second),
+                     "' is not an integer"));
   }
   return num_heads;
 }
@@ -339,8 +349,8 @@ absl::StatusOr<LayerWeights> BuildWeights(TensorSet& set, const SafetensorsFile&
   if (!names) {
     return set.FileError(absl::StrCat(
         "unknown layout: expected W_q/W_k/W_v, w_query/w_key/w_value, Wqkv+Wo, Wq+Wkv+Wo or "
-        "in_proj_weight+out_proj; found tensors [",
-        absl::StrJoin(set.Names(), ", "), "]"));
+        "in_proj_weight+out_proj; found tensors ",
+        set.NamesText()));
   }
   absl::StatusOr<Projections> p = TakeProjections(set, *names);
   if (!p.ok()) return p.status();

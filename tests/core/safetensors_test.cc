@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/common/safetensors_writer.h"
 
@@ -286,6 +287,75 @@ TEST_F(SafetensorsTest, MessagesNameTheFileAndTheTensor) {
   ASSERT_FALSE(file.ok());
   EXPECT_NE(file.status().message().find(Path("file.safetensors")), std::string::npos);
   EXPECT_NE(file.status().message().find("weird_tensor"), std::string::npos);
+}
+
+// A header within the 100 MB cap once expanded to gigabytes: 50 M dimensions in one shape, or
+// millions of empty tensors. Bounds that real files never reach refuse them, on the text and
+// before parsing, with a short message that names the tensor.
+TEST_F(SafetensorsTest, BoundsDimensionsTensorsAndMetadataEntries) {
+  auto entry = [](const std::string& name, const std::string& shape, int64_t bytes) {
+    return absl::StrCat("\"", name, "\": {\"dtype\": \"F32\", \"shape\": [", shape,
+                        "], \"data_offsets\": [0, ", bytes, "]}");
+  };
+  // Rank 8 is read; rank 9 is refused, naming the tensor.
+  ASSERT_TRUE(ReadHeader("{" + entry("a", "1,1,1,1,1,1,1,1", 4) + "}", 4).ok());
+  absl::StatusOr<SafetensorsFile> rank9 =
+      ReadHeader("{" + entry("rank9", "1,1,1,1,1,1,1,1,1", 4) + "}", 4);
+  EXPECT_EQ(rank9.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rank9.status().message().find("'rank9'"), std::string::npos) << rank9.status();
+  // A million zero dimensions (2 MB of header): refused, in a message of a line.
+  std::string zeros = "0";
+  for (int i = 1; i < 1'000'000; ++i) zeros += ",0";
+  absl::StatusOr<SafetensorsFile> wide = ReadHeader("{" + entry("wide", zeros, 0) + "}", 0);
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wide.status().message().find("'wide'"), std::string::npos);
+  EXPECT_LT(wide.status().message().size(), 300u) << wide.status();
+
+  // 16384 empty tensors are read; one more is refused.
+  std::string many = "{" + entry("t0", "0", 0);
+  for (int i = 1; i < 16384; ++i) many += "," + entry(absl::StrCat("t", i), "0", 0);
+  absl::StatusOr<SafetensorsFile> most = ReadHeader(many + "}", 0);
+  ASSERT_TRUE(most.ok()) << most.status();
+  EXPECT_EQ(most->tensors.size(), 16384u);
+  absl::StatusOr<SafetensorsFile> too_many = ReadHeader(many + "," + entry("t", "0", 0) + "}", 0);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(too_many.status().message().size(), 300u) << too_many.status();
+
+  // __metadata__: 1024 entries are read, 1025 refused.
+  std::string metadata = "\"__metadata__\": {\"k0\": \"v\"";
+  for (int i = 1; i < 1024; ++i) metadata += absl::StrCat(", \"k", i, "\": \"v\"");
+  const std::string tensor = entry("a", "1", 4);
+  absl::StatusOr<SafetensorsFile> full = ReadHeader("{" + metadata + "}, " + tensor + "}", 4);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->metadata.size(), 1024u);
+  EXPECT_EQ(ReadHeader("{" + metadata + ", \"k\": \"v\"}, " + tensor + "}", 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A tensor's entry with many keys (a spec entry has three).
+  std::string keys;
+  for (int i = 0; i < 9; ++i) keys += absl::StrCat(", \"x", i, "\": 0");
+  absl::StatusOr<SafetensorsFile> keyed = ReadHeader(
+      R"({"keyed": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4])" + keys + "}}", 4);
+  EXPECT_EQ(keyed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(keyed.status().message().find("'keyed'"), std::string::npos) << keyed.status();
+}
+
+// A name in a header can be megabytes long: messages quote its start, not all of it.
+TEST_F(SafetensorsTest, MessagesClipLongNames) {
+  const std::string name = "start_of_the_name_" + std::string(1'000'000, 'x');
+  absl::StatusOr<SafetensorsFile> file = ReadHeader(
+      absl::StrCat(R"({")", name, R"(": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})"));
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(file.status().message().find("'start_of_the_name_x"), std::string::npos);
+  EXPECT_LT(file.status().message().size(), 400u) << file.status().message().substr(0, 400);
+  const std::string dtype(1'000'000, 'Q');
+  absl::StatusOr<SafetensorsFile> typed = ReadHeader(
+      absl::StrCat(R"({"a": {"dtype": ")", dtype, R"(", "shape": [2], "data_offsets": [0, 8]}})"));
+  EXPECT_EQ(typed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(typed.status().message().size(), 400u) << typed.status().message().substr(0, 400);
+  EXPECT_EQ(NameForMessage("short"), "short");
+  // A cut never splits a UTF-8 character: 99 ASCII bytes then 'é' (2 bytes) across byte 100.
+  const std::string accented = std::string(99, 'a') + "\xc3\xa9" + std::string(10, 'b');
+  EXPECT_EQ(NameForMessage(accented), std::string(99, 'a') + "... (111 bytes)");
 }
 
 // Every truncation of a good file and every single-byte change of its header is answered with

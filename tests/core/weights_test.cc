@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/layer.h"
 #include "core/safetensors.h"
 #include "gtest/gtest.h"
@@ -259,6 +260,27 @@ TEST_F(LoadRefusalTest, RefusesUnknownLayouts) {
   EXPECT_EQ(Code({PatternTensor("foo.weight", {8, 8})}), kInvalid);
   EXPECT_EQ(Code({PatternTensor("Wo.weight", {8, 8})}), kInvalid);
   EXPECT_EQ(Code({}), kInvalid);
+}
+
+// A file of a thousand tensors or with a megabyte-long name is refused in a message of a line or
+// two: it lists a few names, clipped, not all of them.
+TEST_F(LoadRefusalTest, RefusalMessagesStayShort) {
+  std::vector<TensorToWrite> unknown;
+  for (int i = 0; i < 1000; ++i) {
+    unknown.push_back(PatternTensor(absl::StrCat("model.block_", i, ".mlp.weight"), {1}));
+  }
+  absl::StatusOr<LayerWeights> w = Load(unknown);
+  EXPECT_EQ(w.status().code(), kInvalid);
+  EXPECT_NE(w.status().message().find("model.block_0.mlp.weight"), std::string::npos);
+  EXPECT_NE(w.status().message().find("992 more"), std::string::npos) << w.status();
+  EXPECT_LT(w.status().message().size(), 1000u) << w.status();
+
+  const std::string long_name = "Wx" + std::string(1'000'000, 'x');
+  absl::StatusOr<LayerWeights> named = Load(With(Fused(), PatternTensor(long_name, {1})));
+  EXPECT_EQ(named.status().code(), kInvalid);
+  EXPECT_NE(named.status().message().find("'Wxxx"), std::string::npos);
+  EXPECT_LT(named.status().message().size(), 400u) << named.status().message().substr(0, 400);
+  EXPECT_LT(Load(Fused(), std::string(1'000'000, '7') + "x").status().message().size(), 400u);
 }
 
 TEST_F(LoadRefusalTest, RefusesNonFiniteWeights) {
