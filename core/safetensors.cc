@@ -197,7 +197,9 @@ std::vector<float> ConvertToFloat(std::string_view dtype, const std::vector<char
   std::vector<float> values;
   if (dtype == "F32") {
     values.resize(raw.size() / 4);
-    std::memcpy(values.data(), raw.data(), values.size() * 4);
+    // An empty vector's data() may be null, and memcpy with a null pointer is undefined even
+    // for zero bytes.
+    if (!values.empty()) std::memcpy(values.data(), raw.data(), values.size() * 4);
     return values;
   }
   values.resize(raw.size() / 2);
