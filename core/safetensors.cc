@@ -265,7 +265,7 @@ absl::Status CheckHeaderText(const std::string& path, const std::string& text) {
       // An item is counted at its separator or key, so a container starts with one.
       levels[depth] = Level{.items = 1, .key = {}};
     } else if (c == '}' || c == ']') {
-      --depth;
+      if (--depth < 0) return Invalid(path, "the header is not valid JSON (unbalanced brackets)");
     } else if (depth > 0 && (c == ',' || c == ':')) {
       Level& level = levels[depth];
       if (c == ',') ++level.items;
