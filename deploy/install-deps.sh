@@ -16,6 +16,9 @@ packages=(
 )
 # What only the test suites need (deploy/test.sh); one group per suite.
 test_packages=(
+  # tests/fuzz and tests/sanitizers: clang with libFuzzer and the sanitizer runtimes, the OpenMP
+  # runtime clang links, llvm-symbolizer for readable reports
+  clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
 )
 [[ "${1:-}" == "--test" ]] && packages+=("${test_packages[@]}")
 # Debian's torch calls the system BLAS; without OpenBLAS that is netlib's reference BLAS (~1 GFLOP/s),

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "attnserve/v1/attention.pb.h"
+#include "google/protobuf/stubs/logging.h"
 #include "core/layer.h"
 #include "core/runtime_info.h"
 #include "core/weights.h"
@@ -21,6 +22,8 @@ constexpr int64_t kMaxForwardRows = 16;
 
 const attnserve::core::Layer& DemoLayer() {
   static const std::shared_ptr<const attnserve::core::Layer> layer = [] {
+    // protobuf logs every string field with invalid UTF-8 it parses: most inputs.
+    google::protobuf::SetLogHandler(nullptr);
     attnserve::core::SetComputeThreads(1);
     auto made = attnserve::core::Layer::Create(attnserve::core::MakeDemoWeights());
     if (!made.ok()) std::abort();

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Sanitizer builds (clang-14, -O1 -g1, no benchmark) and their test runs; deploy/test.sh runs both.
+#   tests/sanitizers/run.sh asan   ASan + UBSan + LeakSanitizer, build-asan/: the whole ctest suite but
+#                                  OutOfMemoryTest (see below)
+#   tests/sanitizers/run.sh tsan   ThreadSanitizer, build-tsan/: the server tests (ctest label
+#                                  "server", which holds the scheduler's), but the load tests
+# clang, not gcc: gcc's TSan crashes at load on the target_clones resolver of the attention tiles.
+# Any sanitizer report fails the test it happens in (-fno-sanitize-recover, TSan's exit code 66).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mode="${1:?usage: tests/sanitizers/run.sh asan|tsan}"
+here="$PWD/tests/sanitizers"
+export UBSAN_OPTIONS="print_stacktrace=1"
+case "$mode" in
+  asan)
+    # Not OutOfMemoryTest: it caps the address space (RLIMIT_AS) to make allocations fail, and
+    # ASan's own runtime then fails to map memory and hangs in its report.
+    build=build-asan sanitize=address,undefined targets=(all) ctest_args=(-E '^OutOfMemoryTest\.')
+    # Leaks: gRPC's c-ares resolver state is freed after LSan looks (lsan.supp says why).
+    export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1"
+    export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
+    ;;
+  tsan)
+    # The load tests (32 callers, full queues) take minutes under TSan and exercise the same
+    # scheduler paths as the service and shutdown tests, which do run.
+    build=build-tsan sanitize=thread targets=(server_tests) ctest_args=(-L server -E '^LoadTest\.')
+    # OpenMP's runtimes (libomp for our kernel, libgomp inside oneDNN) are not instrumented:
+    # one compute thread keeps their workers, and TSan's false reports about them, away.
+    export OMP_NUM_THREADS=1
+    export TSAN_OPTIONS="suppressions=$here/tsan.supp:second_deadlock_stack=1"
+    ;;
+  *) echo "unknown mode '$mode': asan or tsan" >&2; exit 2 ;;
+esac
+
+start=$SECONDS
+CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DATTNSERVE_SANITIZE="$sanitize" \
+  -DATTNSERVE_BUILD_BENCH=OFF >/dev/null
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+built=$SECONDS
+ctest --test-dir "$build" --output-on-failure "${ctest_args[@]}"
+echo "sanitizers $mode: build $((built - start)) s, tests $((SECONDS - built)) s"
