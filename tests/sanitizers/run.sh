@@ -27,7 +27,9 @@ case "$mode" in
     # OpenMP's runtimes (libomp for our kernel, libgomp inside oneDNN) are not instrumented:
     # one compute thread keeps their workers, and TSan's false reports about them, away.
     export OMP_NUM_THREADS=1
-    export TSAN_OPTIONS="suppressions=$here/tsan.supp:second_deadlock_stack=1"
+    # gRPC, protobuf and absl are Debian's uninstrumented builds: TSan cannot see their locks and
+    # atomics, so it judges only accesses made from our (instrumented) code.
+    export TSAN_OPTIONS="suppressions=$here/tsan.supp:ignore_noninstrumented_modules=1:second_deadlock_stack=1"
     ;;
   *) echo "unknown mode '$mode': asan or tsan" >&2; exit 2 ;;
 esac
