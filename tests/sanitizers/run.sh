@@ -3,7 +3,7 @@
 #   tests/sanitizers/run.sh asan   ASan + UBSan + LeakSanitizer, build-asan/: the whole ctest suite but
 #                                  OutOfMemoryTest (see below)
 #   tests/sanitizers/run.sh tsan   ThreadSanitizer, build-tsan/: the server tests (ctest label
-#                                  "server", which holds the scheduler's), but the load tests
+#                                  "server", which holds the scheduler's) but ShutdownTest
 # clang, not gcc: gcc's TSan crashes at load on the target_clones resolver of the attention tiles.
 # Any sanitizer report fails the test it happens in (-fno-sanitize-recover, TSan's exit code 66).
 set -euo pipefail
@@ -21,9 +21,10 @@ case "$mode" in
     export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
     ;;
   tsan)
-    # The load tests (32 callers, full queues) take minutes under TSan and exercise the same
-    # scheduler paths as the service and shutdown tests, which do run.
-    build=build-tsan sanitize=thread targets=(server_tests) ctest_args=(-L server -E '^LoadTest\.')
+    # Not ShutdownTest: it expects four 4096-token calls to be queued within 2 s, which the
+    # TSan-slowed client misses on a loaded machine (1 run in 3 here); the drain is still run
+    # under TSan by ProcessTest.SigtermFinishesCallsInFlightAndExitsZero.
+    build=build-tsan sanitize=thread targets=(server_tests) ctest_args=(-L server -E '^ShutdownTest\.')
     # OpenMP's runtimes (libomp for our kernel, libgomp inside oneDNN) are not instrumented:
     # one compute thread keeps their workers, and TSan's false reports about them, away.
     export OMP_NUM_THREADS=1
@@ -41,4 +42,5 @@ CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebI
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 built=$SECONDS
 ctest --test-dir "$build" --output-on-failure "${ctest_args[@]}"
-echo "sanitizers $mode: build $((built - start)) s, tests $((SECONDS - built)) s"
+echo "sanitizers $mode: build $((built - start)) s, tests $((SECONDS - built)) s; CPU (user, sys):"
+times
