@@ -17,7 +17,7 @@ packages=(
 # What only the test suites need (deploy/test.sh); one group per suite.
 test_packages=(
   nginx                                         # deploy/scaleout-test.sh: nginx balancing gRPC (grpc_pass)
-  nodejs npm                                    # client_node_example: client/node (npm packages from the registry)
+  nodejs npm                                    # client_node_example (client/node) and deploy_k8s_manifests; packages from the npm registry
 )
 [[ "${1:-}" == "--test" ]] && packages+=("${test_packages[@]}")
 # Debian's torch calls the system BLAS; without OpenBLAS that is netlib's reference BLAS (~1 GFLOP/s),
