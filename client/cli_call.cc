@@ -65,7 +65,7 @@ absl::Status CheckSources(const SideFlags& side, bool wanted) {
   }
   if (!wanted && given > 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", side.name, " is only for the cross kinds (--kind cross|causal-cross)"));
+        absl::StrCat("--", side.name, " is only for the cross kinds (--kind cross|causal_cross)"));
   }
   return absl::OkStatus();
 }
@@ -111,6 +111,7 @@ std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags) 
       flags.timeout_seconds > 0 ? absl::Seconds(flags.timeout_seconds) : absl::InfiniteDuration();
   options.max_message_bytes = flags.max_message_mib << 20;
   options.load_balancing_policy = flags.lb_policy;
+  options.retry = !flags.no_retry;
   return AttentionClient::Connect(flags.target, options);
 }
 

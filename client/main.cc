@@ -21,7 +21,7 @@ using attnserve::client::RunModels;
 void AddCallFlags(CLI::App* command, CallFlags& f) {
   command->add_option("--model", f.model, "Model name (default: the server's only model)");
   command->add_option("--kind", f.kind, "Attention kind")
-      ->check(CLI::IsMember({"bidirectional", "causal", "cross", "causal-cross"}))
+      ->check(CLI::IsMember(attnserve::client::KindNameList()))
       ->capture_default_str();
   command->add_option("--input", f.input, "Input .npy: [B,S,d_model] padded or [T,d_model] packed");
   command->add_option("--random", f.random, "Random input of shape B,S (width from the model)");
@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--lb-policy", connection.lb_policy,
                  "round_robin: spread calls over every address of the target (dns:///...)")
       ->check(CLI::IsMember({"pick_first", "round_robin"}));
+  app.add_flag("--no-retry", connection.no_retry,
+               "Do not retry Forward and ListModels on UNAVAILABLE (by default: up to 5 attempts, "
+               "backoff 0.1 s doubling to 1 s, e.g. on another replica when one dies)");
   InferFlags infer;
   AddInfer(app, infer);
   BenchFlags bench;

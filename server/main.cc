@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -54,9 +55,25 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--max-queue", o.max_queue, "Calls waiting per model; more get RESOURCE_EXHAUSTED")
       ->capture_default_str();
+  app.add_option("--max-streams-per-connection", o.max_streams,
+                 "Calls one connection may have in flight (HTTP/2 max concurrent streams); "
+                 "more wait in the client instead of being sent to be refused")
+      ->capture_default_str();
   app.add_option("--max-batch-tokens", o.max_batch_tokens,
                  "Dynamic batching: queued calls of the same kind are merged into one run of up "
                  "to this many tokens; 0 = no batching")
+      ->capture_default_str();
+  app.add_option("--max-queue-delay-us", o.max_queue_delay_us,
+                 "Dynamic batching: how long the oldest queued call may wait for others to "
+                 "merge with (unless --max-batch-tokens are queued sooner); 0 = run at once, "
+                 "merging only calls already waiting")
+      ->capture_default_str();
+  app.add_option("--max-connection-age", o.max_connection_age_s,
+                 "Seconds after which a client connection is closed (gracefully, +-10 % jitter) "
+                 "so clients reconnect and re-resolve, reaching replicas added since; 0 = never")
+      ->capture_default_str();
+  app.add_option("--max-connection-age-grace", o.max_connection_age_grace_s,
+                 "Seconds the calls on a connection closed for its age get to finish")
       ->capture_default_str();
   app.add_option(
          "--shutdown-grace", flags.shutdown_grace_s,
@@ -81,6 +98,24 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
+// OpenMP threads that spin-wait between runs take the cores from gRPC's threads and from callers
+// on the same machine while the server waits for work. libgomp reads OMP_WAIT_POLICY once, when
+// it is loaded (before main), so the process re-executes itself once with the policy set,
+// unless the user chose one (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
+void SleepWhileIdle(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) {
+    return;
+  }
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  // The binary's own path, not /proc/self/exe, so ps and top still name the process attnserve.
+  char path[4096];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (length <= 0) return;
+  path[length] = '\0';
+  execv(path, argv);
+  // Not reached unless exec failed: serve anyway, spinning (slower, not wrong).
+}
+
 int Fail(const absl::Status& status) {
   attnserve::server::Log(LogLevel::kCritical, "attnserve cannot start",
                          {{"error", std::string(status.message())}});
@@ -91,6 +126,7 @@ int Fail(const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  SleepWhileIdle(argv);
   const sigset_t signals = BlockShutdownSignals();
   CLI::App app{
       "attnserve: serves the forward pass of trained multi-head attention layers "

@@ -1,5 +1,6 @@
 #include "server/options.h"
 
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -86,11 +87,25 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError("--max-message-mib must be in 1..2047");
   }
   if (options.max_queue <= 0) return absl::InvalidArgumentError("--max-queue must be positive");
+  if (options.max_streams <= 0) {
+    return absl::InvalidArgumentError("--max-streams-per-connection must be positive");
+  }
   if (options.max_batch_tokens < 0) {
     return absl::InvalidArgumentError("--max-batch-tokens must be >= 0");
   }
+  if (options.max_queue_delay_us < 0 || options.max_queue_delay_us > 10'000'000) {
+    return absl::InvalidArgumentError("--max-queue-delay-us must be in 0..10000000 (10 s)");
+  }
   if (options.compute_threads < 0 || options.grpc_threads < 0) {
     return absl::InvalidArgumentError("--threads and --grpc-threads must be >= 0");
+  }
+  // gRPC takes milliseconds in an int.
+  constexpr int kMaxAgeSeconds = std::numeric_limits<int>::max() / 1000;
+  if (options.max_connection_age_s < 0 || options.max_connection_age_s > kMaxAgeSeconds ||
+      options.max_connection_age_grace_s < 0 ||
+      options.max_connection_age_grace_s > kMaxAgeSeconds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-connection-age and --max-connection-age-grace must be in 0..", kMaxAgeSeconds));
   }
   std::set<std::string> names;
   for (const ModelConfig& model : options.models) {
