@@ -74,13 +74,36 @@ absl::StatusOr<ModelConfig> ParseModelFlag(absl::string_view flag) {
   return config;
 }
 
-absl::Status CheckOptions(const ServerOptions& options) {
-  const size_t colon = options.listen.rfind(':');
+namespace {
+
+absl::Status CheckHostPort(const char* flag, const std::string& address) {
+  const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--listen '", options.listen, "': expected HOST:PORT (PORT 0..65535)"));
+        absl::StrCat(flag, " '", address, "': expected HOST:PORT (PORT 0..65535)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckOptions(const ServerOptions& options) {
+  if (absl::Status s = CheckHostPort("--listen", options.listen); !s.ok()) return s;
+  if (!options.health_listen.empty()) {
+    if (absl::Status s = CheckHostPort("--health-listen", options.health_listen); !s.ok()) return s;
+  }
+  if (options.tls.cert.empty() != options.tls.key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!options.tls.client_ca.empty() && options.tls.cert.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+  if (options.max_connection_idle_ms <= 0 || options.handshake_timeout_ms <= 0 ||
+      options.listener_check_ms < 0 || options.tls.refresh_seconds <= 0) {
+    return absl::InvalidArgumentError(
+        "connection idle and handshake bounds and the TLS refresh must be positive");
   }
   if (options.max_message_mib <= 0 || options.max_message_mib > 2047) {
     return absl::InvalidArgumentError("--max-message-mib must be in 1..2047");

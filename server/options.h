@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,14 @@ struct ModelConfig {
   core::Precision precision = core::Precision::kF32;
 };
 
+// Where the main port's TLS material lives (PEM files); all empty: plaintext.
+struct TlsFiles {
+  std::string cert;          // certificate chain (--tls-cert)
+  std::string key;           // private key (--tls-key)
+  std::string client_ca;     // CA bundle client certificates must chain to (--tls-client-ca)
+  int refresh_seconds = 10;  // how often the files are checked for a rotation
+};
+
 // Everything the server is configured with; main fills it from the command line.
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // HOST:PORT; port 0 picks a free port
@@ -32,6 +41,18 @@ struct ServerOptions {
   int max_message_mib = 64;              // largest request or response
   int max_queue = 128;                   // calls waiting per model before RESOURCE_EXHAUSTED
   int64_t max_batch_tokens = 4096;       // dynamic batching budget per run; 0: no batching
+  TlsFiles tls;                          // main port: TLS / mTLS when set
+  std::string auth_token_file;           // main port: bearer tokens, one a line, when set
+  std::string health_listen;             // HOST:PORT of a plaintext health-only port, when set
+  // A connection with no call for this long is closed (idle or abandoned half-open peers).
+  int max_connection_idle_ms = 5 * 60 * 1000;
+  // A connection that has not finished its TLS handshake and HTTP/2 settings by then is closed.
+  int handshake_timeout_ms = 10 * 1000;
+  // How often the main listener is probed for still accepting connections; 0: never.
+  int listener_check_ms = 2000;
+  // Runs (on the watchdog's thread) after the listener was found deaf and health turned
+  // NOT_SERVING: main exits non-zero so a supervisor restarts the process.
+  std::function<void()> on_listener_lost;
 };
 
 // Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'
