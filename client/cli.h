@@ -17,7 +17,18 @@ struct ConnectionFlags {
   double timeout_seconds = 30;  // per call; 0: no deadline
   int max_message_mib = 256;
   std::string lb_policy;  // e.g. round_robin; empty: gRPC's default
+  std::string tls_ca;     // PEM file: TLS, trusting this CA; empty: plaintext
+  std::string tls_cert;   // PEM files: this client's certificate and key, for mTLS
+  std::string tls_key;
+  std::string token;      // bearer token; empty: $ATTNSERVE_TOKEN, if set
 };
+
+// The environment variable a token may come from instead of --token (so it is not in `ps`).
+inline constexpr char kTokenEnvironmentVariable[] = "ATTNSERVE_TOKEN";
+
+// Checks the TLS flags and that their files can be read, and takes the token from the
+// environment when --token is not given.
+absl::Status ResolveSecurityFlags(ConnectionFlags* flags);
 
 // Flags that describe one Forward call (infer sends it once, bench many times).
 struct CallFlags {
@@ -61,7 +72,7 @@ struct BenchFlags {
 // Reads or makes the arrays the flags name and assembles the call.
 absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags);
 
-// Opens a client with the connection flags.
+// Opens a client with the connection flags (after ResolveSecurityFlags).
 std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags);
 
 // `infer`: one call, output to a .npy file or printed.

@@ -6,8 +6,44 @@
 #include "absl/strings/str_join.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace attnserve::client {
+namespace {
+
+// Adds the bearer token to each call's metadata. An interceptor rather than call credentials,
+// because gRPC sends call credentials over TLS only and a server may take tokens in plaintext
+// (behind a TLS-terminating proxy); on the channel, so every call of every subcommand has it.
+class BearerTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;
+};
+
+class BearerTokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenInterceptorFactory(const std::string& token)
+      : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new BearerTokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;  // lives as long as the channel, which owns this factory
+};
+
+}  // namespace
 
 absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardCall& call) {
   v1::ForwardRequest request;
@@ -34,8 +70,22 @@ std::unique_ptr<AttentionClient> AttentionClient::Connect(const std::string& tar
   if (!options.load_balancing_policy.empty()) {
     args.SetLoadBalancingPolicyName(options.load_balancing_policy);
   }
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = options.tls_ca_pem;
+    tls.pem_cert_chain = options.tls_cert_pem;
+    tls.pem_private_key = options.tls_key_pem;
+    credentials = grpc::SslCredentials(tls);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options.token.empty()) {
+    interceptors.push_back(std::make_unique<BearerTokenInterceptorFactory>(options.token));
+  }
   return std::make_unique<AttentionClient>(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);
+      grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args,
+                                                              std::move(interceptors)),
+      options);
 }
 
 AttentionClient::AttentionClient(std::shared_ptr<grpc::Channel> channel,

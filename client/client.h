@@ -22,6 +22,13 @@ struct ClientOptions {
   // "round_robin" spreads calls over every address the target resolves to (a headless
   // Kubernetes Service); empty: gRPC's default, pick_first (one connection).
   std::string load_balancing_policy;
+  // TLS when `tls_ca_pem` is set: the CA bundle (PEM) the server's certificate must chain to,
+  // and for mTLS this client's certificate chain and key (PEM).
+  std::string tls_ca_pem;
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  // When set, every call on the channel carries `authorization: Bearer <token>`.
+  std::string token;
 };
 
 // One Forward call in client terms: arrays instead of wire tensors.
@@ -51,7 +58,8 @@ class AttentionClient {
   // What grpc.health.v1 answers: SERVING, NOT_SERVING, ...
   using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
 
-  // Opens a channel to `target` ("host:port"); connecting happens on the first call.
+  // Opens a channel to `target` ("host:port"), plaintext or TLS, with the token on every call;
+  // connecting happens on the first call. Every channel of the client is made here.
   static std::unique_ptr<AttentionClient> Connect(const std::string& target,
                                                   const ClientOptions& options = {});
 

@@ -15,6 +15,7 @@ using attnserve::client::InferFlags;
 using attnserve::client::RunBenchCommand;
 using attnserve::client::RunHealth;
 using attnserve::client::RunInfer;
+using attnserve::client::ResolveSecurityFlags;
 using attnserve::client::RunModels;
 
 // The flags that describe one Forward call, shared by infer and bench.
@@ -77,6 +78,13 @@ int main(int argc, char** argv) {
   app.add_option("--lb-policy", connection.lb_policy,
                  "round_robin: spread calls over every address of the target (dns:///...)")
       ->check(CLI::IsMember({"pick_first", "round_robin"}));
+  app.add_option("--tls-ca", connection.tls_ca,
+                 "PEM CA bundle: connect with TLS, trusting servers it signed");
+  app.add_option("--tls-cert", connection.tls_cert, "PEM client certificate chain, for mTLS");
+  app.add_option("--tls-key", connection.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--token", connection.token,
+                 "Bearer token sent on every call (better: the ATTNSERVE_TOKEN environment "
+                 "variable, which `ps` does not show)");
   InferFlags infer;
   AddInfer(app, infer);
   BenchFlags bench;
@@ -89,11 +97,13 @@ int main(int argc, char** argv) {
       ->add_option("--service", service, "Service to check (default: the whole server)");
   CLI11_PARSE(app, argc, argv);
 
-  absl::Status status;
-  if (app.got_subcommand("infer")) status = RunInfer(connection, infer);
-  if (app.got_subcommand("bench")) status = RunBenchCommand(connection, bench);
-  if (app.got_subcommand("models")) status = RunModels(connection, models_json);
-  if (app.got_subcommand("health")) status = RunHealth(connection, service);
+  absl::Status status = ResolveSecurityFlags(&connection);
+  if (status.ok()) {
+    if (app.got_subcommand("infer")) status = RunInfer(connection, infer);
+    if (app.got_subcommand("bench")) status = RunBenchCommand(connection, bench);
+    if (app.got_subcommand("models")) status = RunModels(connection, models_json);
+    if (app.got_subcommand("health")) status = RunHealth(connection, service);
+  }
   if (status.ok()) return 0;
   std::cerr << "attnserve-client: " << absl::StatusCodeToString(status.code()) << ": "
             << status.message() << "\n";
