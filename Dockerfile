@@ -30,8 +30,12 @@ RUN apt-get update \
       libdnnl2 ocl-icd-libopencl1 libgomp1 \
       libgrpc++1.51 libprotobuf32 libspdlog1.10 libfmt9 \
  && rm -rf /var/lib/apt/lists/*
+# Nothing in the image is world-writable (the base's /tmp, /var/tmp and /run/lock are): the server
+# writes no files but an optional --port-file, so a compromised process has nowhere to drop one.
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin attnserve \
- && mkdir /models
+ && mkdir /models \
+ && find / -xdev -perm -o+w ! -type l -exec chmod o-w {} + \
+ && test -z "$(find / -xdev -perm -o+w ! -type l)"
 COPY --from=build /build/server/attnserve /build/client/attnserve-client /usr/local/bin/
 USER 10001:10001
 # Weights are mounted here (read-only is enough); without --model the demo layer is served.
