@@ -10,7 +10,9 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
+#include "server/admission.h"
 #include "server/attention_service.h"
+#include "server/call_reporter.h"
 #include "server/listener_watchdog.h"
 #include "server/model_registry.h"
 #include "server/options.h"
@@ -67,7 +69,9 @@ class Server {
   void SetServing(bool serving);
   void LogSummary(const ServerOptions& options) const;
 
+  std::unique_ptr<CallReporter> reporter_;
   std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<Admission> admission_;
   std::unique_ptr<AttentionService> service_;
   std::shared_ptr<TokenAuthenticator> auth_;  // null: no tokens asked for
   std::unique_ptr<grpc::Server> grpc_server_;
