@@ -20,7 +20,7 @@ struct ConnectionFlags {
   std::string tls_ca;     // PEM file: TLS, trusting this CA; empty: plaintext
   std::string tls_cert;   // PEM files: this client's certificate and key, for mTLS
   std::string tls_key;
-  std::string token;      // bearer token; empty: $ATTNSERVE_TOKEN, if set
+  std::string token;  // bearer token; empty: $ATTNSERVE_TOKEN, if set
 };
 
 // The environment variable a token may come from instead of --token (so it is not in `ps`).

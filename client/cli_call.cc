@@ -127,9 +127,9 @@ absl::Status ResolveSecurityFlags(ConnectionFlags* flags) {
   if (!flags->tls_cert.empty() && flags->tls_ca.empty()) {
     return absl::InvalidArgumentError("--tls-cert needs --tls-ca (the server's CA)");
   }
-  for (const auto& [flag, path] : {std::pair{"--tls-ca", &flags->tls_ca},
-                                   std::pair{"--tls-cert", &flags->tls_cert},
-                                   std::pair{"--tls-key", &flags->tls_key}}) {
+  for (const auto& [flag, path] :
+       {std::pair{"--tls-ca", &flags->tls_ca}, std::pair{"--tls-cert", &flags->tls_cert},
+        std::pair{"--tls-key", &flags->tls_key}}) {
     if (absl::StatusOr<std::string> pem = ReadPem(flag, *path); !pem.ok()) return pem.status();
   }
   if (flags->token.empty()) {

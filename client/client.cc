@@ -82,10 +82,9 @@ std::unique_ptr<AttentionClient> AttentionClient::Connect(const std::string& tar
   if (!options.token.empty()) {
     interceptors.push_back(std::make_unique<BearerTokenInterceptorFactory>(options.token));
   }
-  return std::make_unique<AttentionClient>(
-      grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args,
-                                                              std::move(interceptors)),
-      options);
+  return std::make_unique<AttentionClient>(grpc::experimental::CreateCustomChannelWithInterceptors(
+                                               target, credentials, args, std::move(interceptors)),
+                                           options);
 }
 
 AttentionClient::AttentionClient(std::shared_ptr<grpc::Channel> channel,

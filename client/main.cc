@@ -12,10 +12,10 @@ using attnserve::client::BenchFlags;
 using attnserve::client::CallFlags;
 using attnserve::client::ConnectionFlags;
 using attnserve::client::InferFlags;
+using attnserve::client::ResolveSecurityFlags;
 using attnserve::client::RunBenchCommand;
 using attnserve::client::RunHealth;
 using attnserve::client::RunInfer;
-using attnserve::client::ResolveSecurityFlags;
 using attnserve::client::RunModels;
 
 // The flags that describe one Forward call, shared by infer and bench.

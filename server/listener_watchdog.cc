@@ -103,18 +103,18 @@ void ListenerWatchdog::Run() {
 }
 
 bool ListenerWatchdog::ProbeAccepted() const {
-  const int probe =
-      socket(probe_addr_.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int probe = socket(probe_addr_.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (probe < 0) return true;  // no descriptor free right now: nothing learned
   const auto until = std::chrono::steady_clock::now() + deadline_;
   bool accepted = false;
-  if (connect(probe, reinterpret_cast<const sockaddr*>(&probe_addr_), probe_addr_len_) == 0 || errno == EINPROGRESS) {
+  if (connect(probe, reinterpret_cast<const sockaddr*>(&probe_addr_), probe_addr_len_) == 0 ||
+      errno == EINPROGRESS) {
     pollfd p{probe, POLLOUT, 0};
     const int ms = static_cast<int>(deadline_.count());
     int error = 0;
     socklen_t error_len = sizeof(error);
-    if (poll(&p, 1, ms) == 1 &&
-        getsockopt(probe, SOL_SOCKET, SO_ERROR, &error, &error_len) == 0 && error == 0) {
+    if (poll(&p, 1, ms) == 1 && getsockopt(probe, SOL_SOCKET, SO_ERROR, &error, &error_len) == 0 &&
+        error == 0) {
       // Connected: the probe sits in an accept queue until gRPC accepts it (FIFO, so an empty
       // queue means it was taken).
       while (!accepted && std::chrono::steady_clock::now() < until) {

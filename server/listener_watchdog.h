@@ -39,7 +39,7 @@ class ListenerWatchdog {
   // True when the listener accepted a fresh connection in time (or no probe could be made).
   bool ProbeAccepted() const;
 
-  std::vector<int> listen_fds_;  // gRPC's own sockets: read with getsockopt only
+  std::vector<int> listen_fds_;    // gRPC's own sockets: read with getsockopt only
   sockaddr_storage probe_addr_{};  // one listening address, loopback for a wildcard
   socklen_t probe_addr_len_ = 0;
   std::chrono::milliseconds interval_{0};

@@ -89,9 +89,11 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "the main port's serving status");
   app.add_option("--max-connection-idle", flags.max_connection_idle_s,
                  "Seconds a connection without calls stays open")
+      ->check(CLI::Range(0.001, 2e6))
       ->capture_default_str();
   app.add_option("--handshake-timeout", flags.handshake_timeout_s,
                  "Seconds a new connection has to finish its TLS and HTTP/2 handshake")
+      ->check(CLI::Range(0.001, 2e6))
       ->capture_default_str();
   app.add_option("--log-level", flags.log_level,
                  "trace, debug (one line per call), info, warn, error, critical or off")

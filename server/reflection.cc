@@ -32,8 +32,8 @@ class ReflectionV1Service final : public rv1::ServerReflection::Service {
 
   grpc::Status ServerReflectionInfo(
       grpc::ServerContext* /*context*/,
-      grpc::ServerReaderWriter<rv1::ServerReflectionResponse, rv1::ServerReflectionRequest>*
-          stream) override {
+      grpc::ServerReaderWriter<rv1::ServerReflectionResponse, rv1::ServerReflectionRequest>* stream)
+      override {
     std::set<std::string> sent;  // files already sent on this stream
     rv1::ServerReflectionRequest request;
     while (stream->Read(&request)) {

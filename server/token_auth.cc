@@ -19,7 +19,8 @@ constexpr absl::string_view kBearer = "Bearer ";
 
 absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("--auth-token-file ", path, ": cannot read it"));
+  if (!in)
+    return absl::InvalidArgumentError(absl::StrCat("--auth-token-file ", path, ": cannot read it"));
   std::vector<std::string> tokens;
   std::string line;
   while (std::getline(in, line)) {
@@ -27,7 +28,8 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path) 
     if (token.empty() || token.front() == '#') continue;
     tokens.emplace_back(token);
   }
-  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat("--auth-token-file ", path, ": read error"));
+  if (in.bad())
+    return absl::InvalidArgumentError(absl::StrCat("--auth-token-file ", path, ": read error"));
   if (tokens.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("--auth-token-file ", path, ": holds no token"));
   }
@@ -55,8 +57,7 @@ absl::StatusOr<std::shared_ptr<TokenAuthenticator>> TokenAuthenticator::Load(
 std::string TokenAuthenticator::FileStamp() const {
   struct stat st {};
   if (stat(path_.c_str(), &st) != 0) return "";
-  return absl::StrCat(st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "/", st.st_size, "/",
-                      st.st_ino);
+  return absl::StrCat(st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "/", st.st_size, "/", st.st_ino);
 }
 
 absl::Status TokenAuthenticator::Reload() {

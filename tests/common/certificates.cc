@@ -13,8 +13,8 @@ namespace {
 absl::Status Run(const std::string& dir, const std::string& command) {
   const std::string line = absl::StrCat("cd '", dir, "' && ", command, " >openssl.log 2>&1");
   if (std::system(line.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("openssl failed: ", command, "\n",
-                                            ReadFile(dir + "/openssl.log")));
+    return absl::InternalError(
+        absl::StrCat("openssl failed: ", command, "\n", ReadFile(dir + "/openssl.log")));
   }
   return absl::OkStatus();
 }
@@ -28,9 +28,10 @@ absl::Status Issue(const std::string& dir, const std::string& name, const std::s
     return s;
   }
   std::ofstream(dir + "/" + name + ".ext") << extensions << "\n";
-  return Run(dir, absl::StrCat("openssl x509 -req -in ", name, ".csr -CA ca.pem -CAkey ca.key "
-                               "-CAcreateserial -days 2 -out ", name, ".pem -extfile ", name,
-                               ".ext"));
+  return Run(dir, absl::StrCat("openssl x509 -req -in ", name,
+                               ".csr -CA ca.pem -CAkey ca.key "
+                               "-CAcreateserial -days 2 -out ",
+                               name, ".pem -extfile ", name, ".ext"));
 }
 
 }  // namespace
@@ -50,13 +51,13 @@ absl::StatusOr<Certificates> MakeCertificates(const std::string& dir, const std:
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = Issue(dir, "server", "/CN=localhost",
-                             "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1");
+  if (absl::Status s =
+          Issue(dir, "server", "/CN=localhost", "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = Issue(dir, "client", "/CN=attnserve-test-client",
-                             "extendedKeyUsage=clientAuth");
+  if (absl::Status s =
+          Issue(dir, "client", "/CN=attnserve-test-client", "extendedKeyUsage=clientAuth");
       !s.ok()) {
     return s;
   }

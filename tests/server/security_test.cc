@@ -117,8 +117,7 @@ TEST_F(SecurityTest, MutualTlsNeedsAClientCertificateSignedByTheClientCa) {
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(ListModelsCode(TlsChannel(server->port(), certs_->ca).get()),
             grpc::StatusCode::UNAVAILABLE);
-  auto with_cert =
-      TlsChannel(server->port(), certs_->ca, certs_->client_cert, certs_->client_key);
+  auto with_cert = TlsChannel(server->port(), certs_->ca, certs_->client_cert, certs_->client_key);
   EXPECT_EQ(ListModelsCode(with_cert.get()), grpc::StatusCode::OK);
   EXPECT_EQ(ForwardCode(with_cert.get()), grpc::StatusCode::OK);
 }

@@ -129,11 +129,11 @@ TEST(TransportTest, DescriptorExhaustionEndsServingOrExitedNonZero) {
 }
 
 v1::ForwardRequest LongCall() {
-  std::vector<float> values(8 * 1024 * 256);
+  std::vector<float> values(8 * 2048 * 256);
   for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.001f * static_cast<float>(i));
   v1::ForwardRequest request;
   request.set_kind(v1::ATTENTION_KIND_BIDIRECTIONAL);
-  *request.mutable_input() = MakeTensor({8, 1024, 256}, values, true);
+  *request.mutable_input() = MakeTensor({8, 2048, 256}, values, true);
   return request;
 }
 
@@ -144,7 +144,7 @@ TEST(TransportTest, LateCallsInALongDrainAreRefusedUnavailableNeverCancelled) {
   std::unique_ptr<Server> server = StartServer(options);
   ASSERT_NE(server, nullptr);
   auto channel = Connect(server->port());
-  constexpr int kLongCalls = 8;
+  constexpr int kLongCalls = 6;
   std::vector<std::thread> long_callers;
   std::atomic<int> long_ok{0};
   std::atomic<int> long_done{0};
