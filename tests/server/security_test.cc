@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "google/protobuf/descriptor.pb.h"
 #include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "tests/common/certificates.h"
@@ -208,6 +210,31 @@ TEST_P(TokenTest, ChangedTokenFileIsReadWithoutRestart) {
   std::ofstream(options.auth_token_file, std::ios::trunc).close();
   server->ReloadTokens();
   EXPECT_EQ(ListModelsCode(channel.get(), kOtherToken), grpc::StatusCode::OK);
+}
+
+// The token is checked on the call's headers, before its body is read: a body that is not a
+// ForwardRequest at all is refused UNAUTHENTICATED without a token, and only with the token
+// does decoding get to say INVALID_ARGUMENT.
+TEST_P(TokenTest, RefusalComesBeforeTheBodyIsDecoded) {
+  ServerOptions options = tls() ? TlsOptions(false) : ServerOptions{};
+  options.auth_token_file = WriteTokens(tls() ? "decode-tls" : "decode-plain", kToken);
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  grpc::GenericStub stub(Channel(server->port()));
+  auto call = [&stub](const std::string& token) {
+    grpc::ClientContext context;
+    Prepare(&context, token);
+    grpc::Slice garbage(std::string(64 * 1024, '\xff'));
+    const grpc::ByteBuffer request(&garbage, 1);
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&context, "/attnserve.v1.AttentionService/Forward", grpc::StubOptions(),
+                   &request, &response, [&done](grpc::Status s) { done.set_value(s); });
+    return done.get_future().get().error_code();
+  };
+  EXPECT_EQ(call(""), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call("wrong"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call(kToken), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 INSTANTIATE_TEST_SUITE_P(TlsAndPlaintext, TokenTest, ::testing::Bool(),
