@@ -21,6 +21,7 @@ struct ConnectionFlags {
   std::string tls_cert;   // PEM files: this client's certificate and key, for mTLS
   std::string tls_key;
   std::string token;  // bearer token; empty: $ATTNSERVE_TOKEN, if set
+  bool no_retry = false;  // turns off ClientOptions::retry
 };
 
 // The environment variable a token may come from instead of --token (so it is not in `ps`).

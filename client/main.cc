@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
   app.add_option("--token", connection.token,
                  "Bearer token sent on every call (better: the ATTNSERVE_TOKEN environment "
                  "variable, which `ps` does not show)");
+  app.add_flag("--no-retry", connection.no_retry,
+               "Do not retry Forward and ListModels on UNAVAILABLE (by default: up to 5 attempts, "
+               "backoff 0.1 s doubling to 1 s, e.g. on another replica when one dies)");
   InferFlags infer;
   AddInfer(app, infer);
   BenchFlags bench;

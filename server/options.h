@@ -55,6 +55,12 @@ struct ServerOptions {
   // Runs (on the watchdog's thread) after the listener was found deaf and health turned
   // NOT_SERVING: main exits non-zero so a supervisor restarts the process.
   std::function<void()> on_listener_lost;
+  // A connection older than this is closed (GOAWAY, ±10 % jitter by gRPC) so that clients
+  // reconnect and re-resolve their target: replicas added since then get a share of the calls.
+  // 0: never.
+  int max_connection_age_s = 300;
+  // Calls still running on a connection that reached its age get this long to finish.
+  int max_connection_age_grace_s = 60;
 };
 
 // Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'
