@@ -45,6 +45,9 @@ absl::Status CheckFlags(const BenchFlags& f) {
     return absl::InvalidArgumentError("--stability-percent and --latency-limit-ms must be >= 0");
   }
   if (f.json && f.csv) return absl::InvalidArgumentError("give --json or --csv, not both");
+  if (!f.metrics_url.empty() && f.metrics_url.rfind("http://", 0) != 0) {
+    return absl::InvalidArgumentError("--metrics-url must be http://HOST:PORT/PATH");
+  }
   return absl::OkStatus();
 }
 
