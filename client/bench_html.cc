@@ -149,7 +149,9 @@ function drawHistogram() {
   for (const [k, name, c] of [["p50", "p50", 1], ["p99", "p99", 2]]) {
     const x = f.sx(run.latency_ms[k]);
     el(svg, "line", {x1: x, x2: x, y1: M.top + 14, y2: f.sy(0), stroke: COLORS[c], "stroke-dasharray": "4 3"});
-    el(svg, "text", {x: x + 3, y: M.top + 24 + 12 * c}, name);
+    const right = x > f.w - M.right - 40;  // near the edge: the label goes left of its line
+    el(svg, "text", {x: right ? x - 3 : x + 3, y: M.top + 24 + 12 * c,
+                     "text-anchor": right ? "end" : "start"}, name);
   }
 }
 function table() {

@@ -16,6 +16,7 @@ packages=(
 )
 # What only the test suites need (deploy/test.sh); one group per suite.
 test_packages=(
+  chromium                                      # client_bench_html: the load test's HTML report in a headless browser
 )
 [[ "${1:-}" == "--test" ]] && packages+=("${test_packages[@]}")
 # Debian's torch calls the system BLAS; without OpenBLAS that is netlib's reference BLAS (~1 GFLOP/s),
