@@ -86,7 +86,8 @@ TEST_F(BenchServerTest, OpenLoopPastCapacitySendsOnScheduleAndShowsTheQueue) {
   const double rate = std::round(std::max(60.0, 3 * capacity)), seconds = 1.5;
   nlohmann::json open = BenchJson(
       with({"--rate", absl::StrCat(rate), "--duration", absl::StrCat(seconds)}), /*overload=*/true);
-  SCOPED_TRACE(open.dump());
+  SCOPED_TRACE(absl::StrCat("unloaded: ", low.dump(), "\nclosed: ", closed.dump(), "\nopen: ",
+                            open.dump()));
   EXPECT_EQ(open["mode"], "open");
   EXPECT_DOUBLE_EQ(open["offered_rate"].get<double>(), rate);
   const auto scheduled = open["scheduled"].get<int64_t>();
@@ -97,7 +98,6 @@ TEST_F(BenchServerTest, OpenLoopPastCapacitySendsOnScheduleAndShowsTheQueue) {
   EXPECT_EQ(open["ok"].get<int64_t>() + Failed(open), sent);  // every call accounted for
   // Timed from the scheduled send, the queue shows: p99 far above the unloaded service time.
   EXPECT_GT(open["latency_ms"]["p99"].get<double>(), 5 * service_ms);
-  EXPECT_LE(open["requests_per_second"].get<double>(), 1.5 * capacity);
   ASSERT_EQ(open["steps"].size(), 1u);
   EXPECT_EQ(open["steps"][0]["sent"], sent);
 }
