@@ -121,6 +121,28 @@ TEST_F(BenchServerTest, ConcurrencySweepGivesOneEntryPerStep) {
   EXPECT_EQ(run["sent"], sent);
 }
 
+TEST_F(BenchServerTest, StabilityCheckRepeatsTheWindowUntilThreeAgree) {
+  const std::vector<std::string> step = {"--random", "1,16", "--rate", "100", "--duration", "0.2",
+                                         "--warmup-seconds", "0", "--max-trials", "4"};
+  auto with = [&](const std::string& percent) {
+    std::vector<std::string> args = step;
+    args.insert(args.end(), {"--stability-percent", percent});
+    return args;
+  };
+  // Any three windows agree within 1000 %: the first three are reported, merged.
+  nlohmann::json loose = BenchJson(with("1000"));
+  EXPECT_EQ(loose["trials_run"], 3) << loose.dump();
+  EXPECT_EQ(loose["trials"], 3);
+  EXPECT_EQ(loose["stable"], true);
+  EXPECT_NEAR(loose["window_seconds"].get<double>(), 0.6, 0.05);
+  EXPECT_NEAR(loose["sent"].get<double>(), 60, 1);
+  // No two windows' p99 agree within a millionth: every trial runs, the step is not stable.
+  nlohmann::json strict = BenchJson(with("0.0001"));
+  EXPECT_EQ(strict["trials_run"], 4) << strict.dump();
+  EXPECT_EQ(strict["trials"], 3);
+  EXPECT_EQ(strict["stable"], false);
+}
+
 TEST_F(BenchServerTest, RateSweepAsCsvAndTheLatencyLimit) {
   ProgramResult r = Bench({"--random", "1,16", "--rate-range", "50:200:x2", "--duration", "0.4",
                            "--warmup-seconds", "0", "--arrival", "poisson", "--csv"});
