@@ -95,15 +95,6 @@ absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, b
 
 }  // namespace
 
-FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed) {
-  FloatArray array{.shape = std::move(shape), .values = {}};
-  std::mt19937_64 engine(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  array.values.resize(array.ElementCount());
-  for (float& value : array.values) value = uniform(engine);
-  return array;
-}
-
 std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
                                                  int connection_index) {
   ClientOptions options;
@@ -137,6 +128,15 @@ absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const Ca
     if (!packed.ok()) return packed.status();
   }
   return prepared;
+}
+
+FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed) {
+  FloatArray array{.shape = std::move(shape), .values = {}};
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  array.values.resize(array.ElementCount());
+  for (float& value : array.values) value = uniform(engine);
+  return array;
 }
 
 }  // namespace attnserve::client
