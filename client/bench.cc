@@ -21,6 +21,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// An open loop gets a sender thread per this many calls/s, up to kMaxSenders.
+constexpr double kCallsPerSender = 2000;
+constexpr int kMaxSenders = 8;
+
 Clock::duration FromSeconds(double seconds) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
@@ -57,7 +61,7 @@ class StepRun {
   void CountSent(Clock::time_point scheduled, Clock::time_point now);
   TimeSlice& SliceOf(Clock::time_point scheduled);
   // The open loop's sender: sends each call at its time, whatever the answers do.
-  void SendOpenLoop();
+  void SendOpenLoop(int sender, int senders);
   StepProgress Progress(Clock::time_point now);
 
   const std::vector<const AttentionClient*>& connections_;
@@ -69,7 +73,7 @@ class StepRun {
   std::mutex mu_;
   std::condition_variable changed_;
   int64_t in_flight_ = 0;
-  bool sending_ = true;             // the sender may still send
+  int senders_running_ = 0;         // open loop: sender threads still sending
   int64_t counted_started_ = 0;     // closed loop: counted calls sent (the count bound)
   Clock::time_point last_counted_send_, last_counted_answer_, last_actual_send_;
   StepReport report_;
@@ -148,29 +152,32 @@ void StepRun::Finish(Call* call, const grpc::Status& status) {
   if (relaunch) Launch(now, relaunch_counted);  // the slot passes to the next call
 }
 
-void StepRun::SendOpenLoop() {
+void StepRun::SendOpenLoop(int sender, int senders) {
   // The default 50 µs timer slack would make every sleep late at high rates.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+  // Every sender walks the whole schedule (the same seed) and sends its share, call index
+  // modulo senders, so the calls and the count bound are the same whatever the senders.
   std::mt19937_64 engine(options_.seed);
   std::exponential_distribution<double> gap(options_.rate);
-  double at = 0;  // seconds from start_ of the next call
+  double at = 0;  // seconds from start_ of call `index`
   int64_t index = 0;
-  int64_t counted = 0;
+  int64_t counted = 0;  // calls before `index` due in the window
+  auto due = [&] { return start_ + FromSeconds(at); };
+  auto in_window = [&] { return due() >= window_start_; };
   auto advance = [&] {
+    if (in_window()) ++counted;
     ++index;
     at = options_.arrival == Arrival::kPoisson ? at + gap(engine)
                                                : static_cast<double>(index) / options_.rate;
   };
-  auto due = [&] { return start_ + FromSeconds(at); };
   auto more = [&] {
-    const Clock::time_point next = due();
-    if (next >= window_end_) return false;
-    return next < window_start_ || options_.max_requests <= 0 || counted < options_.max_requests;
+    if (due() >= window_end_) return false;
+    return !in_window() || options_.max_requests <= 0 || counted < options_.max_requests;
   };
   for (; more(); advance()) {
+    if (index % senders != sender) continue;
     const Clock::time_point next = due();
     std::this_thread::sleep_until(next);
-    const bool in_window = next >= window_start_;
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto room = [&] { return in_flight_ < options_.max_in_flight; };
@@ -180,21 +187,20 @@ void StepRun::SendOpenLoop() {
         break;  // the window closed while this call waited for room: unsent, counted below
       }
       ++in_flight_;
-      if (in_window) CountSent(next, Clock::now());
+      if (in_window()) CountSent(next, Clock::now());
     }
-    if (in_window) ++counted;
-    Launch(next, in_window);
+    Launch(next, in_window());
   }
-  // Calls due in the window that the in-flight cap kept from being sent: reported, not dropped.
+  // This sender's calls due in the window that the in-flight cap kept from being sent:
+  // reported, not dropped.
   std::lock_guard<std::mutex> lock(mu_);
   for (; more(); advance()) {
-    if (due() < window_start_) continue;
+    if (index % senders != sender || !in_window()) continue;
     ++report_.scheduled;
     ++report_.unsent;
-    ++counted;
   }
   last_counted_send_ = std::max(last_counted_send_, std::min(due(), window_end_));
-  sending_ = false;
+  --senders_running_;
   changed_.notify_all();
 }
 
@@ -223,9 +229,14 @@ StepReport StepRun::Run() {
                     ? window_start_ + absl::ToChronoNanoseconds(options_.duration)
                     : Clock::time_point::max();
   last_counted_send_ = last_counted_answer_ = last_actual_send_ = window_start_;
-  std::thread sender;
+  std::vector<std::thread> senders;
   if (options_.mode == LoadMode::kOpen) {
-    sender = std::thread(&StepRun::SendOpenLoop, this);
+    // Starting a gRPC call sometimes runs other calls' transport work inline: several senders
+    // keep one such stall from delaying the calls due behind it.
+    const int count = std::clamp(static_cast<int>(options_.rate / kCallsPerSender) + 1, 1,
+                                 kMaxSenders);
+    senders_running_ = count;
+    for (int k = 0; k < count; ++k) senders.emplace_back(&StepRun::SendOpenLoop, this, k, count);
   } else {
     const bool counted = options_.warmup <= absl::ZeroDuration();
     const int64_t first =
@@ -239,8 +250,6 @@ StepReport StepRun::Run() {
       counted_started_ = counted ? first : 0;
     }
     for (int64_t i = 0; i < first; ++i) Launch(start_, counted);
-    std::lock_guard<std::mutex> lock(mu_);
-    sending_ = false;
   }
 
   // Wait for the end, opening the window and reporting progress on the way.
@@ -251,7 +260,7 @@ StepReport StepRun::Run() {
     if (!window_open) wake = std::min(wake, window_start_);
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (changed_.wait_until(lock, wake, [&] { return !sending_ && in_flight_ == 0; })) break;
+      if (changed_.wait_until(lock, wake, [&] { return senders_running_ == 0 && in_flight_ == 0; })) break;
     }
     const Clock::time_point now = Clock::now();
     if (!window_open && now >= window_start_) {
@@ -260,7 +269,7 @@ StepReport StepRun::Run() {
     }
     if (options_.progress) options_.progress(Progress(now));
   }
-  if (sender.joinable()) sender.join();
+  for (std::thread& sender : senders) sender.join();
 
   std::lock_guard<std::mutex> lock(mu_);
   // The window ends at its time bound, or where the count bound stopped the sending.

@@ -102,6 +102,21 @@ TEST_F(BenchServerTest, OpenLoopPastCapacitySendsOnScheduleAndShowsTheQueue) {
   EXPECT_EQ(open["steps"][0]["sent"], sent);
 }
 
+TEST_F(BenchServerTest, OpenLoopCountBoundIsExactWhateverTheSenders) {
+  // 5000 calls/s takes three sender threads; the bound still counts each call once.
+  for (const char* arrival : {"constant", "poisson"}) {
+    nlohmann::json run = BenchJson({"--random", "1,16", "--rate", "5000", "--arrival", arrival,
+                                    "--requests", "700", "--duration", "20", "--warmup-seconds",
+                                    "0.05", "--max-in-flight", "100000"},
+                                   /*overload=*/true);
+    EXPECT_EQ(run["scheduled"], 700) << run.dump();
+    EXPECT_EQ(run["sent"], 700);
+    EXPECT_EQ(run["ok"].get<int64_t>() + Failed(run), 700);
+    // 700 calls at 5000/s are scheduled over 0.14 s, whatever the server answers.
+    EXPECT_NEAR(run["window_seconds"].get<double>(), 0.14, 0.03) << arrival;
+  }
+}
+
 TEST_F(BenchServerTest, ConcurrencySweepGivesOneEntryPerStep) {
   nlohmann::json run = BenchJson({"--random", "1,16", "--concurrency-range", "1:3",
                                   "--duration", "0.3", "--warmup-seconds", "0.1"});
