@@ -145,7 +145,9 @@ void StepRun::Finish(Call* call, const grpc::Status& status) {
     }
     if (!relaunch) {
       --in_flight_;
-      changed_.notify_all();
+      // Only two events have waiters: the last call ended (the step's end), or room under the
+      // cap (a sender). Waking on every answer would cost a context switch per call.
+      if (in_flight_ == 0 || in_flight_ == options_.max_in_flight - 1) changed_.notify_all();
     }
   }
   delete call;
