@@ -348,8 +348,9 @@ absl::StatusOr<StepReport> LoadEngine::RunStep(const BenchOptions& options) cons
   if (options.mode == LoadMode::kClosed && options.concurrency < 1) {
     return absl::InvalidArgumentError("concurrency must be >= 1");
   }
-  if (options.mode == LoadMode::kOpen && !(options.rate > 0 && std::isfinite(options.rate))) {
-    return absl::InvalidArgumentError("rate must be > 0 calls per second");
+  if (options.mode == LoadMode::kOpen && !(options.rate > 0 && options.rate <= kMaxRate)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rate must be in (0, ", kMaxRate, "] calls per second"));
   }
   if (options.mode == LoadMode::kOpen && options.max_in_flight < 1) {
     return absl::InvalidArgumentError("max-in-flight must be >= 1");

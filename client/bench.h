@@ -103,6 +103,10 @@ struct StepReport {
   double achieved_rate() const;
 };
 
+// The highest open-loop rate, calls/s: past it the schedule itself (which every sender thread
+// walks) would be the load, and no server answers that many from one client process.
+inline constexpr double kMaxRate = 1e6;
+
 // A call sent this long after its scheduled time counts as late.
 inline constexpr absl::Duration kLateAfter = absl::Milliseconds(1);
 

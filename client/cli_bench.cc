@@ -34,7 +34,9 @@ absl::Status CheckFlags(const BenchFlags& f) {
   if (f.connections < 1 || f.connections > kMaxConnections) {
     return absl::InvalidArgumentError(absl::StrCat("--connections must be in [1, ", kMaxConnections, "]"));
   }
-  if (f.rate < 0 || !std::isfinite(f.rate)) return absl::InvalidArgumentError("--rate must be > 0");
+  if (f.rate < 0 || f.rate > kMaxRate) {
+    return absl::InvalidArgumentError(absl::StrCat("--rate must be in (0, ", kMaxRate, "]"));
+  }
   if (!f.concurrency_range.empty() && !f.rate_range.empty()) {
     return absl::InvalidArgumentError("give --concurrency-range or --rate-range, not both");
   }
@@ -74,6 +76,9 @@ absl::StatusOr<Plan> MakePlan(const BenchFlags& f) {
   for (double v : *values) {
     BenchOptions step = base;
     if (plan.sweep == "rate") {
+      if (v > kMaxRate) {
+        return absl::InvalidArgumentError(absl::StrCat("--rate-range goes past ", kMaxRate));
+      }
       step.rate = v;
     } else if (v > 100000) {
       return absl::InvalidArgumentError("--concurrency-range goes past 100000");

@@ -238,7 +238,8 @@ TEST_F(BenchServerTest, BadFlagsAreRefusedWithAClearStatus) {
        {std::vector<std::string>{"--rate-range", "5:1"}, {"--concurrency-range", "1:4:x1"},
         {"--json", "--csv"}, {"--rate", "10", "--concurrency-range", "1:2"},
         {"--rate-range", "1:2", "--concurrency-range", "1:2"}, {"--lengths-uniform", "9:3"},
-        {"--connections", "0"}, {"--metrics-url", "ftp://x/metrics", "--requests", "2"}}) {
+        {"--connections", "0"}, {"--metrics-url", "ftp://x/metrics", "--requests", "2"},
+        {"--rate", "1e12"}, {"--rate-range", "1000:1e9"}}) {
     ProgramResult r = Bench(args);
     EXPECT_EQ(r.exit_code, kInvalidArgument) << absl::StrJoin(args, " ") << "\n" << Describe(r);
   }
