@@ -37,8 +37,8 @@ double SecondsBetween(Clock::time_point from, Clock::time_point to) {
 // is guarded by one mutex, held only to count.
 class StepRun {
  public:
-  StepRun(const std::vector<const AttentionClient*>& connections,
-          const std::vector<WorkItem>& work, const BenchOptions& options)
+  StepRun(const std::vector<const AttentionClient*>& connections, const std::vector<WorkItem>& work,
+          const BenchOptions& options)
       : connections_(connections), work_(work), options_(options) {}
 
   StepReport Run();
@@ -73,8 +73,8 @@ class StepRun {
   std::mutex mu_;
   std::condition_variable changed_;
   int64_t in_flight_ = 0;
-  int senders_running_ = 0;         // open loop: sender threads still sending
-  int64_t counted_started_ = 0;     // closed loop: counted calls sent (the count bound)
+  int senders_running_ = 0;      // open loop: sender threads still sending
+  int64_t counted_started_ = 0;  // closed loop: counted calls sent (the count bound)
   Clock::time_point last_counted_send_, last_counted_answer_, last_actual_send_;
   StepReport report_;
 };
@@ -235,16 +235,15 @@ StepReport StepRun::Run() {
   if (options_.mode == LoadMode::kOpen) {
     // Starting a gRPC call sometimes runs other calls' transport work inline: several senders
     // keep one such stall from delaying the calls due behind it.
-    const int count = std::clamp(static_cast<int>(options_.rate / kCallsPerSender) + 1, 1,
-                                 kMaxSenders);
+    const int count =
+        std::clamp(static_cast<int>(options_.rate / kCallsPerSender) + 1, 1, kMaxSenders);
     senders_running_ = count;
     for (int k = 0; k < count; ++k) senders.emplace_back(&StepRun::SendOpenLoop, this, k, count);
   } else {
     const bool counted = options_.warmup <= absl::ZeroDuration();
-    const int64_t first =
-        counted && options_.max_requests > 0
-            ? std::min<int64_t>(options_.concurrency, options_.max_requests)
-            : options_.concurrency;
+    const int64_t first = counted && options_.max_requests > 0
+                              ? std::min<int64_t>(options_.concurrency, options_.max_requests)
+                              : options_.concurrency;
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_ = first;
@@ -262,7 +261,8 @@ StepReport StepRun::Run() {
     if (!window_open) wake = std::min(wake, window_start_);
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (changed_.wait_until(lock, wake, [&] { return senders_running_ == 0 && in_flight_ == 0; })) break;
+      if (changed_.wait_until(lock, wake, [&] { return senders_running_ == 0 && in_flight_ == 0; }))
+        break;
     }
     const Clock::time_point now = Clock::now();
     if (!window_open && now >= window_start_) {
@@ -283,7 +283,8 @@ StepReport StepRun::Run() {
   }
   report_.window = absl::FromChrono(closed - window_start_);
   report_.send_span = absl::FromChrono(last_actual_send_ - window_start_);
-  report_.elapsed = std::max(report_.window, absl::FromChrono(last_counted_answer_ - window_start_));
+  report_.elapsed =
+      std::max(report_.window, absl::FromChrono(last_counted_answer_ - window_start_));
   return std::move(report_);
 }
 
@@ -334,8 +335,7 @@ double StepReport::achieved_rate() const {
   return seconds > 0 ? static_cast<double>(sent) / seconds : 0.0;
 }
 
-LoadEngine::LoadEngine(std::vector<const AttentionClient*> connections,
-                       std::vector<WorkItem> work)
+LoadEngine::LoadEngine(std::vector<const AttentionClient*> connections, std::vector<WorkItem> work)
     : connections_(std::move(connections)), work_(std::move(work)) {}
 
 absl::StatusOr<StepReport> LoadEngine::RunStep(const BenchOptions& options) const {

@@ -41,10 +41,10 @@ struct StepProgress {
 // How hard and how long one step loads the server.
 struct BenchOptions {
   LoadMode mode = LoadMode::kClosed;
-  int concurrency = 4;                  // closed loop: calls in flight
-  double rate = 0;                      // open loop: calls per second
+  int concurrency = 4;  // closed loop: calls in flight
+  double rate = 0;      // open loop: calls per second
   Arrival arrival = Arrival::kConstant;
-  int max_in_flight = 1000;             // open loop: calls due past this wait (and are late)
+  int max_in_flight = 1000;  // open loop: calls due past this wait (and are late)
   absl::Duration warmup = absl::ZeroDuration();  // load first, not counted
   absl::Duration duration = absl::Seconds(10);   // the window; zero: bounded by max_requests
   int64_t max_requests = 0;                      // calls in the window; zero: no count bound
@@ -70,18 +70,18 @@ struct TimeSlice {
 struct StepReport {
   LoadMode mode = LoadMode::kClosed;
   Arrival arrival = Arrival::kConstant;
-  int concurrency = 0;       // closed loop
-  double offered_rate = 0;   // open loop
+  int concurrency = 0;      // closed loop
+  double offered_rate = 0;  // open loop
   int connections = 1;
-  int max_in_flight = 0;     // open loop
-  int trials = 1;            // windows merged into this report
-  int trials_run = 1;        // windows measured (more with a stability check)
-  bool stable = true;        // false: the stability check ran out of trials
-  absl::Duration window;     // time the counted calls were scheduled over
-  absl::Duration elapsed;    // from the window's start to the last counted answer
+  int max_in_flight = 0;   // open loop
+  int trials = 1;          // windows merged into this report
+  int trials_run = 1;      // windows measured (more with a stability check)
+  bool stable = true;      // false: the stability check ran out of trials
+  absl::Duration window;   // time the counted calls were scheduled over
+  absl::Duration elapsed;  // from the window's start to the last counted answer
   int64_t scheduled = 0;
   int64_t sent = 0;
-  int64_t late = 0;          // sent more than kLateAfter after their scheduled time
+  int64_t late = 0;  // sent more than kLateAfter after their scheduled time
   int64_t unsent = 0;
   int64_t ok = 0;
   std::map<absl::StatusCode, int64_t> errors;  // failed calls by status code

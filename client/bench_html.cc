@@ -190,7 +190,9 @@ document.body.dataset.chartsDrawn = String(drawn);
 
 std::string RunHtml(const BenchRun& run) {
   // "</" would end the <script> element early; "<\/" is the same JSON string.
-  const std::string data = absl::StrReplaceAll(RunJson(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), {{"</", "<\\/"}});
+  const std::string data = absl::StrReplaceAll(
+      RunJson(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+      {{"</", "<\\/"}});
   return std::string(kHead) + data + kTail;
 }
 

@@ -13,9 +13,12 @@ const char* ModeName(LoadMode mode) { return mode == LoadMode::kOpen ? "open" : 
 const char* ArrivalName(Arrival a) { return a == Arrival::kPoisson ? "poisson" : "constant"; }
 
 nlohmann::json LatencyJson(const LatencyHistogram& h) {
-  return {{"p50", Ms(h.ValueAtQuantile(0.5))},   {"p90", Ms(h.ValueAtQuantile(0.9))},
-          {"p99", Ms(h.ValueAtQuantile(0.99))},  {"p999", Ms(h.ValueAtQuantile(0.999))},
-          {"max", Ms(h.max())},                  {"mean", h.mean() / 1e3},
+  return {{"p50", Ms(h.ValueAtQuantile(0.5))},
+          {"p90", Ms(h.ValueAtQuantile(0.9))},
+          {"p99", Ms(h.ValueAtQuantile(0.99))},
+          {"p999", Ms(h.ValueAtQuantile(0.999))},
+          {"max", Ms(h.max())},
+          {"mean", h.mean() / 1e3},
           {"min", Ms(h.min())}};
 }
 
@@ -55,7 +58,8 @@ nlohmann::json StepJson(const StepReport& r) {
   }
   const bool open = r.mode == LoadMode::kOpen;
   return {{"mode", ModeName(r.mode)},
-          {"concurrency", open || r.concurrency == 0 ? nlohmann::json() : nlohmann::json(r.concurrency)},
+          {"concurrency",
+           open || r.concurrency == 0 ? nlohmann::json() : nlohmann::json(r.concurrency)},
           {"offered_rate", open && r.offered_rate > 0 ? nlohmann::json(r.offered_rate) : nullptr},
           {"arrival", open ? nlohmann::json(ArrivalName(r.arrival)) : nullptr},
           {"connections", r.connections},
@@ -103,8 +107,8 @@ std::string StepSummary(const BenchStep& step) {
   const StepReport& r = step.report;
   std::string load =
       r.mode == LoadMode::kOpen
-          ? absl::StrFormat("open loop, %g calls/s offered (%s), at most %d in flight", r.offered_rate,
-                            ArrivalName(r.arrival), r.max_in_flight)
+          ? absl::StrFormat("open loop, %g calls/s offered (%s), at most %d in flight",
+                            r.offered_rate, ArrivalName(r.arrival), r.max_in_flight)
           : absl::StrFormat("closed loop, %d calls in flight", r.concurrency);
   std::string text = absl::StrFormat(
       "load         %s over %d connection%s, %.2f s window%s\n"
@@ -117,9 +121,9 @@ std::string StepSummary(const BenchStep& step) {
                        : "",
       r.scheduled, r.sent, r.late, r.unsent, r.ok, r.failed(), r.requests_per_second(),
       r.tokens_per_second(), r.achieved_rate(), Ms(r.send_lag.ValueAtQuantile(0.99)),
-      Ms(r.latency.ValueAtQuantile(0.5)),
-      Ms(r.latency.ValueAtQuantile(0.9)), Ms(r.latency.ValueAtQuantile(0.99)),
-      Ms(r.latency.ValueAtQuantile(0.999)), Ms(r.latency.max()), r.latency.mean() / 1e3);
+      Ms(r.latency.ValueAtQuantile(0.5)), Ms(r.latency.ValueAtQuantile(0.9)),
+      Ms(r.latency.ValueAtQuantile(0.99)), Ms(r.latency.ValueAtQuantile(0.999)),
+      Ms(r.latency.max()), r.latency.mean() / 1e3);
   for (const auto& [code, n] : r.errors) {
     absl::StrAppend(&text, "errors       ", absl::StatusCodeToString(code), ": ", n, "\n");
   }
@@ -152,7 +156,8 @@ nlohmann::json RunJson(const BenchRun& run) {
     top["offered_rate"] = nullptr;
   }
   top["sweep"] = run.sweep.empty() ? nlohmann::json() : nlohmann::json(run.sweep);
-  top["latency_limit_ms"] = run.latency_limit_ms > 0 ? nlohmann::json(run.latency_limit_ms) : nullptr;
+  top["latency_limit_ms"] =
+      run.latency_limit_ms > 0 ? nlohmann::json(run.latency_limit_ms) : nullptr;
   top["stopped_by_latency_limit"] = run.stopped_by_latency_limit;
   top["target"] = run.target;
   top["workload"] = run.workload;
@@ -177,16 +182,15 @@ std::string RunCsv(const BenchRun& run) {
     }
     absl::StrAppend(
         &csv,
-        absl::StrFormat("%d,%s,%s,%s,%s,%d,%.3f,%d,%d,%d,%d,%d,%d,%.3f,%.3f,%.1f,%.3f,%.3f,%.3f,"
-                        "%.3f,%.3f,%.3f,",
-                        i, ModeName(r.mode), open ? "" : absl::StrCat(r.concurrency),
-                        open ? absl::StrFormat("%g", r.offered_rate) : "",
-                        open ? ArrivalName(r.arrival) : "", r.connections,
-                        absl::ToDoubleSeconds(r.window), r.scheduled, r.sent, r.late, r.unsent,
-                        r.ok, r.failed(), r.achieved_rate(), r.requests_per_second(),
-                        r.tokens_per_second(), Ms(h.ValueAtQuantile(0.5)),
-                        Ms(h.ValueAtQuantile(0.9)), Ms(h.ValueAtQuantile(0.99)),
-                        Ms(h.ValueAtQuantile(0.999)), Ms(h.max()), h.mean() / 1e3),
+        absl::StrFormat(
+            "%d,%s,%s,%s,%s,%d,%.3f,%d,%d,%d,%d,%d,%d,%.3f,%.3f,%.1f,%.3f,%.3f,%.3f,"
+            "%.3f,%.3f,%.3f,",
+            i, ModeName(r.mode), open ? "" : absl::StrCat(r.concurrency),
+            open ? absl::StrFormat("%g", r.offered_rate) : "", open ? ArrivalName(r.arrival) : "",
+            r.connections, absl::ToDoubleSeconds(r.window), r.scheduled, r.sent, r.late, r.unsent,
+            r.ok, r.failed(), r.achieved_rate(), r.requests_per_second(), r.tokens_per_second(),
+            Ms(h.ValueAtQuantile(0.5)), Ms(h.ValueAtQuantile(0.9)), Ms(h.ValueAtQuantile(0.99)),
+            Ms(h.ValueAtQuantile(0.999)), Ms(h.max()), h.mean() / 1e3),
         server, "\n");
   }
   return csv;
@@ -194,21 +198,21 @@ std::string RunCsv(const BenchRun& run) {
 
 std::string RunSummary(const BenchRun& run) {
   if (run.sweep.empty() && run.steps.size() == 1) return StepSummary(run.steps[0]);
-  std::string text = absl::StrFormat(
-      "%-9s %7s %7s %6s %6s %6s %9s %10s %8s %8s %8s %8s %8s\n", run.sweep + " sweep", "sent", "ok",
-      "failed", "late", "unsent", "req/s", "tokens/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms",
-      "max ms");
+  std::string text =
+      absl::StrFormat("%-9s %7s %7s %6s %6s %6s %9s %10s %8s %8s %8s %8s %8s\n",
+                      run.sweep + " sweep", "sent", "ok", "failed", "late", "unsent", "req/s",
+                      "tokens/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms");
   bool any_server = false;
   for (const BenchStep& step : run.steps) {
     const StepReport& r = step.report;
     const LatencyHistogram& h = r.latency;
     absl::StrAppend(
-        &text, absl::StrFormat("%-9s %7d %7d %6d %6d %6d %9.1f %10.0f %8.2f %8.2f %8.2f %8.2f %8.2f\n",
-                               LoadLabel(r), r.sent, r.ok, r.failed(), r.late, r.unsent,
-                               r.requests_per_second(), r.tokens_per_second(),
-                               Ms(h.ValueAtQuantile(0.5)), Ms(h.ValueAtQuantile(0.9)),
-                               Ms(h.ValueAtQuantile(0.99)), Ms(h.ValueAtQuantile(0.999)),
-                               Ms(h.max())));
+        &text,
+        absl::StrFormat("%-9s %7d %7d %6d %6d %6d %9.1f %10.0f %8.2f %8.2f %8.2f %8.2f %8.2f\n",
+                        LoadLabel(r), r.sent, r.ok, r.failed(), r.late, r.unsent,
+                        r.requests_per_second(), r.tokens_per_second(), Ms(h.ValueAtQuantile(0.5)),
+                        Ms(h.ValueAtQuantile(0.9)), Ms(h.ValueAtQuantile(0.99)),
+                        Ms(h.ValueAtQuantile(0.999)), Ms(h.max())));
     any_server |= step.server.has_value();
   }
   if (any_server) {
@@ -217,15 +221,15 @@ std::string RunSummary(const BenchRun& run) {
     for (const BenchStep& step : run.steps) {
       if (!step.server.has_value()) continue;
       const ServerSplit& s = *step.server;
-      absl::StrAppend(&text, absl::StrFormat("%-9s %16.2f %16.2f %12.2f %12.0f\n",
-                                             LoadLabel(step.report), s.queue.mean_ms,
-                                             s.compute.mean_ms, s.mean_batch_calls,
-                                             s.mean_batch_tokens));
+      absl::StrAppend(&text,
+                      absl::StrFormat("%-9s %16.2f %16.2f %12.2f %12.0f\n", LoadLabel(step.report),
+                                      s.queue.mean_ms, s.compute.mean_ms, s.mean_batch_calls,
+                                      s.mean_batch_tokens));
     }
   }
   if (run.stopped_by_latency_limit) {
-    absl::StrAppend(&text, absl::StrFormat("stopped: p99 above the %.1f ms limit\n",
-                                           run.latency_limit_ms));
+    absl::StrAppend(
+        &text, absl::StrFormat("stopped: p99 above the %.1f ms limit\n", run.latency_limit_ms));
   }
   return text;
 }

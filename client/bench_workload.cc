@@ -46,8 +46,8 @@ class LengthDistribution {
       int lo = 0, hi = 0;
       if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &lo) ||
           !absl::SimpleAtoi(parts[1], &hi) || lo < 0 || hi < lo || hi < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--lengths-uniform '", flags.lengths_uniform, "' is not MIN:MAX with 0 <= MIN <= MAX"));
+        return absl::InvalidArgumentError(absl::StrCat("--lengths-uniform '", flags.lengths_uniform,
+                                                       "' is not MIN:MAX with 0 <= MIN <= MAX"));
       }
       d.low_ = lo;
       d.high_ = hi;
@@ -84,7 +84,8 @@ absl::StatusOr<std::vector<v1::AttentionKind>> ParseKinds(const std::string& tex
   std::vector<v1::AttentionKind> kinds;
   for (absl::string_view name : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     absl::StatusOr<v1::AttentionKind> kind = ParseKind(name);
-    if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("--kinds: ", kind.status().message()));
+    if (!kind.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--kinds: ", kind.status().message()));
     kinds.push_back(*kind);
   }
   return kinds;
@@ -125,8 +126,8 @@ absl::StatusOr<std::vector<MixedShape>> ShapesFromFlags(const BenchFlags& flags)
   const int32_t batch = input->first > 0 ? input->first : kDefaultMixBatch;
   const int32_t padded = input->second > 0 ? input->second : std::max(lengths->max(), 1);
   if (!lengths->empty() && lengths->max() > padded) {
-    return absl::InvalidArgumentError(absl::StrCat("lengths up to ", lengths->max(),
-                                                   " do not fit --random's length ", padded));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lengths up to ", lengths->max(), " do not fit --random's length ", padded));
   }
   const bool any_cross = std::any_of(kinds.begin(), kinds.end(), IsCross);
   if (any_cross && context->second == 0) {
@@ -182,7 +183,8 @@ absl::Status ParseWorkloadLine(const std::string& text, const BenchFlags& flags,
   absl::StatusOr<std::vector<int32_t>> context = JsonLengths(line, "context_lengths");
   if (!context.ok()) return context.status();
   if (IsCross(shape.kind) != !context->empty()) {
-    return absl::InvalidArgumentError("\"context_lengths\" is for the cross kinds, and needed there");
+    return absl::InvalidArgumentError(
+        "\"context_lengths\" is for the cross kinds, and needed there");
   }
   shape.context_lengths = *std::move(context);
   if (!shape.context_lengths.empty()) {
@@ -190,7 +192,8 @@ absl::Status ParseWorkloadLine(const std::string& text, const BenchFlags& flags,
         *std::max_element(shape.context_lengths.begin(), shape.context_lengths.end());
   }
   const int64_t weight = line.value("weight", int64_t{1});
-  if (weight < 1 || weight > kMaxPool) return absl::InvalidArgumentError("weight must be in [1, 4096]");
+  if (weight < 1 || weight > kMaxPool)
+    return absl::InvalidArgumentError("weight must be in [1, 4096]");
   for (int64_t i = 0; i < weight; ++i) shapes.push_back(shape);
   return absl::OkStatus();
 }
@@ -238,10 +241,9 @@ absl::StatusOr<WorkItem> MakeItem(const MixedShape& shape, const v1::ModelInfo& 
   call.input = RandomArray({batch, shape.padded_length, model.d_model()}, seed);
   call.lengths = shape.lengths;
   if (IsCross(shape.kind)) {
-    call.context = RandomArray(
-        {static_cast<int64_t>(shape.context_lengths.size()), shape.context_padded_length,
-         model.d_context()},
-        seed + 1);
+    call.context = RandomArray({static_cast<int64_t>(shape.context_lengths.size()),
+                                shape.context_padded_length, model.d_context()},
+                               seed + 1);
     call.context_lengths = shape.context_lengths;
   }
   if (flags.call.packed) {
@@ -305,7 +307,8 @@ absl::StatusOr<std::vector<WorkItem>> BuildWorkload(const AttentionClient& clien
       if (!model.ok()) return model.status();
       models[shape.model] = *std::move(model);
     }
-    absl::StatusOr<WorkItem> item = MakeItem(shape, models[shape.model], flags, flags.call.seed + 2 * i);
+    absl::StatusOr<WorkItem> item =
+        MakeItem(shape, models[shape.model], flags, flags.call.seed + 2 * i);
     if (!item.ok()) return item.status();
     work.push_back(*std::move(item));
   }

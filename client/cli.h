@@ -82,7 +82,7 @@ absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const Ca
 // Opens a client with the connection flags; clients with different indexes use different
 // connections (the load test's --connections).
 std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
-                                                 int connection_index = 0);
+                                                  int connection_index = 0);
 
 // Uniform values in [-1, 1) from a fixed seed, so two runs send the same data.
 FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed);

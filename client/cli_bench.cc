@@ -32,7 +32,8 @@ absl::Status CheckFlags(const BenchFlags& f) {
         "--duration and --warmup-seconds must be in [0, ", kMaxDurationSeconds, "] seconds"));
   }
   if (f.connections < 1 || f.connections > kMaxConnections) {
-    return absl::InvalidArgumentError(absl::StrCat("--connections must be in [1, ", kMaxConnections, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--connections must be in [1, ", kMaxConnections, "]"));
   }
   if (f.rate < 0 || f.rate > kMaxRate) {
     return absl::InvalidArgumentError(absl::StrCat("--rate must be in (0, ", kMaxRate, "]"));
@@ -96,8 +97,8 @@ std::string DescribeWorkload(const BenchFlags& f, const std::vector<WorkItem>& w
   for (const WorkItem& item : work) tokens += item.tokens;
   const double mean = static_cast<double>(tokens) / static_cast<double>(work.size());
   if (!f.workload.empty()) {
-    return absl::StrFormat("workload %s, %d requests, %.1f valid tokens each on average", f.workload,
-                           work.size(), mean);
+    return absl::StrFormat("workload %s, %d requests, %.1f valid tokens each on average",
+                           f.workload, work.size(), mean);
   }
   if (work.size() > 1) {
     return absl::StrFormat("%d mixed requests (%s%s%s), %.1f valid tokens each on average",
@@ -106,8 +107,9 @@ std::string DescribeWorkload(const BenchFlags& f, const std::vector<WorkItem>& w
                            f.lengths_list.empty() ? "" : ", lengths " + f.lengths_list, mean);
   }
   return absl::StrFormat("%s %s, %d valid tokens per request", f.call.kind,
-                         f.call.input.empty() ? "random " + (f.call.random.empty() ? "8,128" : f.call.random)
-                                              : f.call.input,
+                         f.call.input.empty()
+                             ? "random " + (f.call.random.empty() ? "8,128" : f.call.random)
+                             : f.call.input,
                          work[0].tokens);
 }
 

@@ -96,7 +96,7 @@ absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, b
 }  // namespace
 
 std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
-                                                 int connection_index) {
+                                                  int connection_index) {
   ClientOptions options;
   options.connection_index = connection_index;
   options.timeout =

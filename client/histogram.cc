@@ -60,8 +60,8 @@ void LatencyHistogram::Merge(const LatencyHistogram& other) {
 int64_t LatencyHistogram::ValueAtQuantile(double q) const {
   if (count_ == 0) return 0;
   const double clamped = std::clamp(q, 0.0, 1.0);
-  const auto rank = std::max<int64_t>(
-      1, static_cast<int64_t>(std::ceil(clamped * static_cast<double>(count_))));
+  const auto rank =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(clamped * static_cast<double>(count_))));
   int64_t seen = 0;
   for (size_t i = 0; i < counts_.size(); ++i) {
     seen += counts_[i];

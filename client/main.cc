@@ -58,16 +58,18 @@ void AddBench(CLI::App& app, BenchFlags& f) {
   bench->add_option("--arrival", f.arrival, "Open loop: gaps between calls")
       ->check(CLI::IsMember({"constant", "poisson"}))
       ->capture_default_str();
-  bench->add_option("--max-in-flight", f.max_in_flight,
-                    "Open loop: calls in flight at most; calls due past it are late or unsent")
+  bench
+      ->add_option("--max-in-flight", f.max_in_flight,
+                   "Open loop: calls in flight at most; calls due past it are late or unsent")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   bench->add_option("--concurrency-range", f.concurrency_range,
                     "Sweep: START:END[:STEP], STEP +N (default 1) or xF");
   bench->add_option("--rate-range", f.rate_range,
                     "Sweep: START:END[:STEP] calls/s, STEP +N or xF (default x2)");
-  bench->add_option("--duration", f.duration_seconds,
-                    "Seconds of each step's window (0: until --requests)")
+  bench
+      ->add_option("--duration", f.duration_seconds,
+                   "Seconds of each step's window (0: until --requests)")
       ->capture_default_str();
   bench->add_option("--warmup-seconds", f.warmup_seconds, "Load before each window, not counted")
       ->capture_default_str();
@@ -84,11 +86,13 @@ void AddBench(CLI::App& app, BenchFlags& f) {
                     "Sweep: stop after the first step whose p99 passes this");
   bench->add_option("--lengths-uniform", f.lengths_uniform,
                     "Mix: each sequence's valid length uniform in MIN:MAX");
-  bench->add_option("--lengths-list", f.lengths_list, "Mix: lengths drawn from a list, e.g. 16,64,256");
+  bench->add_option("--lengths-list", f.lengths_list,
+                    "Mix: lengths drawn from a list, e.g. 16,64,256");
   bench->add_option("--kinds", f.kinds, "Mix: kinds taken in turn, e.g. bidirectional,causal");
   bench->add_option("--workload", f.workload,
                     "Mix: JSON-lines file, one request a line: {\"kind\",\"lengths\",...}");
-  bench->add_option("--pool", f.pool, "Mix: distinct requests made up front")->capture_default_str();
+  bench->add_option("--pool", f.pool, "Mix: distinct requests made up front")
+      ->capture_default_str();
   bench->add_flag("--json", f.json, "Print the report as JSON");
   bench->add_flag("--csv", f.csv, "Print the report as CSV, a row per step");
   bench->add_option("--html", f.html, "Also write a self-contained HTML report with charts");

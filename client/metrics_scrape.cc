@@ -75,8 +75,8 @@ absl::StatusOr<int> Dial(const std::string& host, const std::string& port,
     close(fd);
   }
   freeaddrinfo(found);
-  return absl::UnavailableError(absl::StrCat("cannot connect to ", host, ":", port, ": ",
-                                             last_error));
+  return absl::UnavailableError(
+      absl::StrCat("cannot connect to ", host, ":", port, ": ", last_error));
 }
 
 // Decodes a chunked HTTP/1.1 body.
@@ -125,10 +125,14 @@ absl::Status ParseLabels(absl::string_view& text, std::map<std::string, std::str
 }
 
 bool ParseValue(absl::string_view text, double& value) {
-  if (text == "+Inf" || text == "Inf") value = std::numeric_limits<double>::infinity();
-  else if (text == "-Inf") value = -std::numeric_limits<double>::infinity();
-  else if (text == "NaN") value = std::numeric_limits<double>::quiet_NaN();
-  else return absl::SimpleAtod(text, &value);
+  if (text == "+Inf" || text == "Inf")
+    value = std::numeric_limits<double>::infinity();
+  else if (text == "-Inf")
+    value = -std::numeric_limits<double>::infinity();
+  else if (text == "NaN")
+    value = std::numeric_limits<double>::quiet_NaN();
+  else
+    return absl::SimpleAtod(text, &value);
   return true;
 }
 
@@ -196,7 +200,8 @@ ServerDuration DiffHistogram(const std::vector<MetricSample>& before,
 absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeout) {
   absl::string_view rest = url;
   if (!absl::ConsumePrefix(&rest, "http://")) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics URL '", url, "' is not http://HOST:PORT/PATH"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics URL '", url, "' is not http://HOST:PORT/PATH"));
   }
   const size_t slash = rest.find('/');
   const absl::string_view authority = rest.substr(0, slash);
@@ -204,7 +209,8 @@ absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeo
   std::string host(authority), port = "80";
   if (absl::StartsWith(authority, "[")) {  // [::1]:9090
     const size_t close = authority.find(']');
-    if (close == absl::string_view::npos) return absl::InvalidArgumentError("bad IPv6 address in URL");
+    if (close == absl::string_view::npos)
+      return absl::InvalidArgumentError("bad IPv6 address in URL");
     host = std::string(authority.substr(1, close - 1));
     if (authority.size() > close + 2) port = std::string(authority.substr(close + 2));
   } else if (const size_t colon = authority.rfind(':'); colon != absl::string_view::npos) {
@@ -243,7 +249,8 @@ absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeo
   const size_t head_end = response.find("\r\n\r\n");
   if (head_end == std::string::npos) return absl::DataLossError(url + ": no HTTP header");
   const absl::string_view head(response.data(), head_end);
-  std::vector<absl::string_view> status_line = absl::StrSplit(head.substr(0, head.find("\r\n")), ' ');
+  std::vector<absl::string_view> status_line =
+      absl::StrSplit(head.substr(0, head.find("\r\n")), ' ');
   if (status_line.size() < 2 || !absl::StartsWith(status_line[0], "HTTP/")) {
     return absl::DataLossError(url + ": not an HTTP answer");
   }

@@ -1,11 +1,12 @@
 // The load test's arithmetic and formats: the histogram against exact sorted values, sweeps,
 // the Prometheus parser and the server split, and the JSON/CSV shapes.
+#include "client/bench_report.h"
+
 #include <algorithm>
 #include <random>
 
 #include "absl/strings/str_split.h"
 #include "client/bench.h"
-#include "client/bench_report.h"
 #include "client/histogram.h"
 #include "client/metrics_scrape.h"
 #include "gtest/gtest.h"
@@ -105,7 +106,7 @@ TEST(ServerSplitTest, DiffsTheHistogramsOfOneModel) {
   EXPECT_TRUE(split.found);
   EXPECT_DOUBLE_EQ(split.queue.count, 100);
   EXPECT_NEAR(split.queue.mean_ms, 2.0, 1e-9);
-  EXPECT_NEAR(split.queue.p50_ms, 2.5, 1e-9);   // half-way through the [0, 5] ms bucket
+  EXPECT_NEAR(split.queue.p50_ms, 2.5, 1e-9);  // half-way through the [0, 5] ms bucket
   EXPECT_NEAR(split.queue.p99_ms, 4.95, 1e-9);
   EXPECT_DOUBLE_EQ(split.batches, 25);
   EXPECT_DOUBLE_EQ(split.mean_batch_calls, 4);

@@ -86,8 +86,8 @@ TEST_F(BenchServerTest, OpenLoopPastCapacitySendsOnScheduleAndShowsTheQueue) {
   const double rate = std::round(std::max(60.0, 3 * capacity)), seconds = 1.5;
   nlohmann::json open = BenchJson(
       with({"--rate", absl::StrCat(rate), "--duration", absl::StrCat(seconds)}), /*overload=*/true);
-  SCOPED_TRACE(absl::StrCat("unloaded: ", low.dump(), "\nclosed: ", closed.dump(), "\nopen: ",
-                            open.dump()));
+  SCOPED_TRACE(
+      absl::StrCat("unloaded: ", low.dump(), "\nclosed: ", closed.dump(), "\nopen: ", open.dump()));
   EXPECT_EQ(open["mode"], "open");
   EXPECT_DOUBLE_EQ(open["offered_rate"].get<double>(), rate);
   const auto scheduled = open["scheduled"].get<int64_t>();
@@ -105,10 +105,10 @@ TEST_F(BenchServerTest, OpenLoopPastCapacitySendsOnScheduleAndShowsTheQueue) {
 TEST_F(BenchServerTest, OpenLoopCountBoundIsExactWhateverTheSenders) {
   // 5000 calls/s takes three sender threads; the bound still counts each call once.
   for (const char* arrival : {"constant", "poisson"}) {
-    nlohmann::json run = BenchJson({"--random", "1,16", "--rate", "5000", "--arrival", arrival,
-                                    "--requests", "700", "--duration", "20", "--warmup-seconds",
-                                    "0.05", "--max-in-flight", "100000"},
-                                   /*overload=*/true);
+    nlohmann::json run =
+        BenchJson({"--random", "1,16", "--rate", "5000", "--arrival", arrival, "--requests", "700",
+                   "--duration", "20", "--warmup-seconds", "0.05", "--max-in-flight", "100000"},
+                  /*overload=*/true);
     EXPECT_EQ(run["scheduled"], 700) << run.dump();
     EXPECT_EQ(run["sent"], 700);
     EXPECT_EQ(run["ok"].get<int64_t>() + Failed(run), 700);
@@ -118,8 +118,8 @@ TEST_F(BenchServerTest, OpenLoopCountBoundIsExactWhateverTheSenders) {
 }
 
 TEST_F(BenchServerTest, ConcurrencySweepGivesOneEntryPerStep) {
-  nlohmann::json run = BenchJson({"--random", "1,16", "--concurrency-range", "1:3",
-                                  "--duration", "0.3", "--warmup-seconds", "0.1"});
+  nlohmann::json run = BenchJson({"--random", "1,16", "--concurrency-range", "1:3", "--duration",
+                                  "0.3", "--warmup-seconds", "0.1"});
   EXPECT_EQ(run["sweep"], "concurrency");
   EXPECT_EQ(run["mode"], "closed");
   ASSERT_EQ(run["steps"].size(), 3u) << run.dump();
@@ -137,8 +137,9 @@ TEST_F(BenchServerTest, ConcurrencySweepGivesOneEntryPerStep) {
 }
 
 TEST_F(BenchServerTest, StabilityCheckRepeatsTheWindowUntilThreeAgree) {
-  const std::vector<std::string> step = {"--random", "1,16", "--rate", "100", "--duration", "0.2",
-                                         "--warmup-seconds", "0", "--max-trials", "4"};
+  const std::vector<std::string> step = {"--random",     "1,16", "--rate",           "100",
+                                         "--duration",   "0.2",  "--warmup-seconds", "0",
+                                         "--max-trials", "4"};
   auto with = [&](const std::string& percent) {
     std::vector<std::string> args = step;
     args.insert(args.end(), {"--stability-percent", percent});
@@ -190,9 +191,9 @@ TEST_F(BenchServerTest, RateSweepAsCsvAndTheLatencyLimit) {
 
 TEST_F(BenchServerTest, MixedWorkloadsCountValidTokens) {
   // Lengths 3 or 5 in [2, 8] padded arrays: 6, 8 or 10 valid tokens a call, never the 16 padded.
-  nlohmann::json mix = BenchJson({"--random", "2,8", "--lengths-list", "3,5", "--kinds",
-                                  "bidirectional,causal", "--requests", "30", "--duration", "20",
-                                  "--warmup-seconds", "0"});
+  nlohmann::json mix =
+      BenchJson({"--random", "2,8", "--lengths-list", "3,5", "--kinds", "bidirectional,causal",
+                 "--requests", "30", "--duration", "20", "--warmup-seconds", "0"});
   const auto ok = mix["ok"].get<int64_t>();
   EXPECT_EQ(ok, 30) << mix.dump();
   EXPECT_GE(mix["tokens"].get<int64_t>(), 6 * ok);
@@ -234,12 +235,16 @@ TEST_F(BenchServerTest, ConnectionsAndRoundRobinTargets) {
 }
 
 TEST_F(BenchServerTest, BadFlagsAreRefusedWithAClearStatus) {
-  for (std::vector<std::string> args :
-       {std::vector<std::string>{"--rate-range", "5:1"}, {"--concurrency-range", "1:4:x1"},
-        {"--json", "--csv"}, {"--rate", "10", "--concurrency-range", "1:2"},
-        {"--rate-range", "1:2", "--concurrency-range", "1:2"}, {"--lengths-uniform", "9:3"},
-        {"--connections", "0"}, {"--metrics-url", "ftp://x/metrics", "--requests", "2"},
-        {"--rate", "1e12"}, {"--rate-range", "1000:1e9"}}) {
+  for (std::vector<std::string> args : {std::vector<std::string>{"--rate-range", "5:1"},
+                                        {"--concurrency-range", "1:4:x1"},
+                                        {"--json", "--csv"},
+                                        {"--rate", "10", "--concurrency-range", "1:2"},
+                                        {"--rate-range", "1:2", "--concurrency-range", "1:2"},
+                                        {"--lengths-uniform", "9:3"},
+                                        {"--connections", "0"},
+                                        {"--metrics-url", "ftp://x/metrics", "--requests", "2"},
+                                        {"--rate", "1e12"},
+                                        {"--rate-range", "1000:1e9"}}) {
     ProgramResult r = Bench(args);
     EXPECT_EQ(r.exit_code, kInvalidArgument) << absl::StrJoin(args, " ") << "\n" << Describe(r);
   }
@@ -256,17 +261,35 @@ TEST_F(BenchServerTest, MetricsUrlReportsTheServersQueueComputeSplit) {
     return absl::StrCat(
         "# TYPE attnserve_queue_duration_seconds histogram\n"
         "attnserve_queue_duration_seconds_bucket{model=\"demo\",le=\"0.001\"} 0\n"
-        "attnserve_queue_duration_seconds_bucket{model=\"demo\",le=\"+Inf\"} ", calls, "\n"
-        "attnserve_queue_duration_seconds_sum{model=\"demo\"} ", queue_s, "\n"
-        "attnserve_queue_duration_seconds_count{model=\"demo\"} ", calls, "\n"
-        "attnserve_compute_duration_seconds_sum{model=\"demo\"} ", compute_s, "\n"
-        "attnserve_compute_duration_seconds_count{model=\"demo\"} ", calls, "\n"
-        "attnserve_batch_calls_sum{model=\"demo\"} ", batched_calls, "\n"
-        "attnserve_batch_calls_count{model=\"demo\"} ", batches, "\n"
-        "attnserve_batch_tokens_sum{model=\"demo\"} ", tokens, "\n"
-        "attnserve_batch_tokens_count{model=\"demo\"} ", batches, "\n"
-        "attnserve_requests_total{model=\"demo\",kind=\"bidirectional\",code=\"OK\"} ", calls,
-        "\n");
+        "attnserve_queue_duration_seconds_bucket{model=\"demo\",le=\"+Inf\"} ",
+        calls,
+        "\n"
+        "attnserve_queue_duration_seconds_sum{model=\"demo\"} ",
+        queue_s,
+        "\n"
+        "attnserve_queue_duration_seconds_count{model=\"demo\"} ",
+        calls,
+        "\n"
+        "attnserve_compute_duration_seconds_sum{model=\"demo\"} ",
+        compute_s,
+        "\n"
+        "attnserve_compute_duration_seconds_count{model=\"demo\"} ",
+        calls,
+        "\n"
+        "attnserve_batch_calls_sum{model=\"demo\"} ",
+        batched_calls,
+        "\n"
+        "attnserve_batch_calls_count{model=\"demo\"} ",
+        batches,
+        "\n"
+        "attnserve_batch_tokens_sum{model=\"demo\"} ",
+        tokens,
+        "\n"
+        "attnserve_batch_tokens_count{model=\"demo\"} ",
+        batches,
+        "\n"
+        "attnserve_requests_total{model=\"demo\",kind=\"bidirectional\",code=\"OK\"} ",
+        calls, "\n");
   };
   // Over the step: 40 calls, 0.2 s queued (5 ms each), 0.08 s computing (2 ms each), in 10
   // batches (4 calls, 64 tokens each).
