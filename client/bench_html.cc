@@ -110,8 +110,7 @@ function drawCurve() {
   if (!steps.length) return empty(svg, "no successful calls");
   const keys = [["p50", "p50"], ["p90", "p90"], ["p99", "p99"], ["p999", "p99.9"]];
   const series = keys.map(([k, name]) => ({name,
-      points: steps.map(s => [s.requests_per_second, s.latency_ms[k]])
-                   .sort((a, b) => a[0] - b[0])}));
+      points: steps.map(s => [s.requests_per_second, s.latency_ms[k]])}));  // in step order
   const f = frame(svg, steps.map(s => s.requests_per_second),
                   series.flatMap(s => s.points.map(p => p[1])), "throughput (successful calls/s)",
                   "latency (ms)", false);
@@ -126,6 +125,14 @@ function drawTime() {
   const f = frame(svg, slices.map(s => s.t), slices.map(s => s.p99),
                   "time since the window opened, by scheduled send time (s)", "latency (ms)", false);
   lines(svg, f, series);
+  // A sweep's steps follow each other on this axis: mark where each one's window begins.
+  let begin = 0;
+  for (const step of run.steps.length > 1 ? run.steps : []) {
+    const x = f.sx(begin);
+    el(svg, "line", {x1: x, x2: x, y1: M.top + 14, y2: f.sy(0), stroke: "#999", "stroke-dasharray": "2 3"});
+    el(svg, "text", {x: x + 3, y: f.sy(0) - 4}, step.mode === "open" ? step.offered_rate + "/s" : "c=" + step.concurrency);
+    begin += step.window_seconds;
+  }
 }
 function drawHistogram() {
   const svg = document.getElementById("hist");
