@@ -26,7 +26,15 @@ struct ClientOptions {
   // Channels with different indexes open different connections (the load test's
   // --connections); equal ones share one, as gRPC shares a subchannel between equal channels.
   int connection_index = 0;
+  // Retries Forward and ListModels on UNAVAILABLE (kRetryServiceConfig): both are pure
+  // functions of their request, so a call cut off with its replica is safe to send to another.
+  bool retry = true;
 };
+
+// The default service config of channels made with `retry` on: Forward and ListModels retried
+// on UNAVAILABLE, up to 5 attempts, backoff 0.1 s doubling to 1 s. The README gives the same
+// JSON to Python, Node and Go callers.
+extern const char kRetryServiceConfig[];
 
 // One Forward call in client terms: arrays instead of wire tensors.
 struct ForwardCall {
