@@ -22,16 +22,6 @@ struct SideFlags {
   const std::string& lengths;
 };
 
-// Uniform values in [-1, 1) from a fixed seed, so two runs send the same data.
-FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed) {
-  FloatArray array{.shape = std::move(shape), .values = {}};
-  std::mt19937_64 engine(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  array.values.resize(array.ElementCount());
-  for (float& value : array.values) value = uniform(engine);
-  return array;
-}
-
 // Reads the side's .npy file or makes a random [B, S, width] array from "B,S".
 absl::StatusOr<FloatArray> LoadSide(const SideFlags& side, int64_t width, uint64_t seed) {
   if (!side.file.empty()) return ReadNpy(side.file);
@@ -138,8 +128,10 @@ absl::Status ResolveSecurityFlags(ConnectionFlags* flags) {
   return absl::OkStatus();
 }
 
-std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags) {
+std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
+                                                  int connection_index) {
   ClientOptions options;
+  options.connection_index = connection_index;
   options.tls_ca_pem = ReadPem("--tls-ca", flags.tls_ca).value_or("");
   options.tls_cert_pem = ReadPem("--tls-cert", flags.tls_cert).value_or("");
   options.tls_key_pem = ReadPem("--tls-key", flags.tls_key).value_or("");
@@ -174,6 +166,15 @@ absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const Ca
     if (!packed.ok()) return packed.status();
   }
   return prepared;
+}
+
+FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed) {
+  FloatArray array{.shape = std::move(shape), .values = {}};
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  array.values.resize(array.ElementCount());
+  for (float& value : array.values) value = uniform(engine);
+  return array;
 }
 
 }  // namespace attnserve::client
