@@ -76,6 +76,7 @@ void SetHealth(grpc::Server* server, bool serving) {
   if (health == nullptr) return;
   health->SetServingStatus("", serving);
   health->SetServingStatus(kServiceName, serving);
+  health->SetServingStatus(kInferenceServiceName, serving);
 }
 
 }  // namespace
@@ -97,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->admission_ = std::make_unique<Admission>(server->registry_.get(),
                                                    server->reporter_.get(), max_bytes);
   server->service_ = std::make_unique<AttentionService>(server->admission_.get());
+  server->inference_service_ = std::make_unique<InferenceService>(server->admission_.get());
 
   // Both process-wide switches must be set before the builder is made.
   grpc::EnableDefaultHealthCheckService(true);
@@ -104,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->inference_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
   // Without this a second server on a busy port would bind it too (SO_REUSEPORT) and split

@@ -10,6 +10,7 @@
 #include "server/admission.h"
 #include "server/attention_service.h"
 #include "server/call_reporter.h"
+#include "server/inference_service.h"
 #include "server/model_registry.h"
 #include "server/options.h"
 
@@ -17,6 +18,9 @@ namespace attnserve::server {
 
 // The service name clients and health checks use.
 inline constexpr char kServiceName[] = "attnserve.v1.AttentionService";
+
+// The Open Inference Protocol's service, on the same port.
+inline constexpr char kInferenceServiceName[] = "inference.GRPCInferenceService";
 
 // A running attnserve: models loaded, gRPC listening, health SERVING. Used by main and, at
 // localhost:0, by the service tests.
@@ -57,6 +61,7 @@ class Server {
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<AttentionService> service_;
+  std::unique_ptr<InferenceService> inference_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;
   std::string address_;
