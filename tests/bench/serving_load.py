@@ -6,8 +6,9 @@ JSON line: calls/s, latency percentiles, status codes, and the server's CPU per 
 Requests are serialized once and sent as bytes, so the client costs as little per call as
 grpcio allows and is the same for every server and method it drives.
 
-  serving_load.py --target 127.0.0.1:50051 --pid PID --method forward --batch 1 --seq 16 \\
-      --callers 8 --seconds 5 [--stubs build/python] [--model demo] [--kind bidirectional]
+  serving_load.py --target 127.0.0.1:50051 --pid PID --method forward|infer|health \\
+      --batch 1 --seq 16 --callers 8 --seconds 5 [--stubs build/python] [--model demo]
+      [--kind bidirectional]
 """
 import argparse
 import asyncio
@@ -42,9 +43,25 @@ def forward_bytes(args):
     return request.SerializeToString()
 
 
+def infer_bytes(args):
+    """The same call as forward_bytes over the Open Inference Protocol (raw FP32 input)."""
+    sys.path.insert(0, args.stubs)
+    from inference import grpc_service_pb2 as pb
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((args.batch, args.seq, args.width), dtype=np.float32)
+    request = pb.ModelInferRequest(model_name=args.model)
+    request.parameters["kind"].string_param = args.kind
+    request.inputs.add(name="input", datatype="FP32", shape=x.shape)
+    request.raw_input_contents.append(x.astype("<f4").tobytes())
+    return request.SerializeToString()
+
+
 async def run(args):
     if args.method == "health":
         method, body = "/grpc.health.v1.Health/Check", b""
+    elif args.method == "infer":
+        method, body = "/inference.GRPCInferenceService/ModelInfer", infer_bytes(args)
     else:
         method, body = "/attnserve.v1.AttentionService/Forward", forward_bytes(args)
     options = [("grpc.max_receive_message_length", 256 << 20),
@@ -93,7 +110,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True)
     p.add_argument("--pid", type=int, default=0, help="server process for CPU per call")
-    p.add_argument("--method", choices=["health", "forward"], default="forward")
+    p.add_argument("--method", choices=["health", "forward", "infer"], default="forward")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--width", type=int, default=256, help="d_model of the model")
