@@ -37,11 +37,10 @@ std::span<const int64_t> Shape(const InputTensor& tensor) {
 
 // Elements in every typed field of `contents` but `kept` (a field number).
 int64_t OtherContents(const InferTensorContents& contents, int kept) {
-  const int64_t sizes[] = {
-      contents.bool_contents_size(),   contents.int_contents_size(),
-      contents.int64_contents_size(),  contents.uint_contents_size(),
-      contents.uint64_contents_size(), contents.fp32_contents_size(),
-      contents.fp64_contents_size(),   contents.bytes_contents_size()};
+  const int64_t sizes[] = {contents.bool_contents_size(),   contents.int_contents_size(),
+                           contents.int64_contents_size(),  contents.uint_contents_size(),
+                           contents.uint64_contents_size(), contents.fp32_contents_size(),
+                           contents.fp64_contents_size(),   contents.bytes_contents_size()};
   int64_t other = 0;
   for (int field = 1; field <= 8; ++field) {
     if (field != kept) other += sizes[field - 1];
@@ -62,30 +61,31 @@ absl::StatusOr<const float*> FloatData(const TensorSource& source, int64_t count
   const std::string& type = tensor.datatype();
   const bool half = type == "FP16" || type == "BF16";
   if (type != "FP32" && !half) {
-    return Invalid(tensor.name(), absl::StrCat("datatype '", type,
-                                               "' is not served; send FP32, FP16 or BF16"));
+    return Invalid(tensor.name(),
+                   absl::StrCat("datatype '", type, "' is not served; send FP32, FP16 or BF16"));
   }
   if (source.raw == nullptr) {
     if (half) {
-      return Invalid(tensor.name(), absl::StrCat(type, " has no typed contents in the protocol; "
-                                                       "send it in raw_input_contents"));
+      return Invalid(tensor.name(), absl::StrCat(type,
+                                                 " has no typed contents in the protocol; "
+                                                 "send it in raw_input_contents"));
     }
     const InferTensorContents& contents = tensor.contents();
     if (OtherContents(contents, InferTensorContents::kFp32ContentsFieldNumber) > 0) {
       return Invalid(tensor.name(), "FP32 data goes in fp32_contents, not another contents field");
     }
     if (contents.fp32_contents_size() != count) {
-      return Invalid(tensor.name(), absl::StrCat(contents.fp32_contents_size(),
-                                                 " fp32_contents for a shape of ", count,
-                                                 " elements"));
+      return Invalid(tensor.name(),
+                     absl::StrCat(contents.fp32_contents_size(), " fp32_contents for a shape of ",
+                                  count, " elements"));
     }
     return contents.fp32_contents().data();
   }
   const std::string& bytes = *source.raw;
   if (!half) {
     absl::StatusOr<const float*> data = RawFloats(bytes, count, copy);
-    if (!data.ok()) return Invalid(tensor.name(), absl::StrCat("raw_input_contents ",
-                                                               data.status().message()));
+    if (!data.ok())
+      return Invalid(tensor.name(), absl::StrCat("raw_input_contents ", data.status().message()));
     return data;
   }
   if (static_cast<int64_t>(bytes.size()) != count * 2) {
@@ -123,16 +123,16 @@ absl::StatusOr<std::span<const int32_t>> LengthsData(const TensorSource& source,
       return Invalid(tensor.name(), "INT32 data goes in int_contents, not another contents field");
     }
     if (contents.int_contents_size() != count) {
-      return Invalid(tensor.name(), absl::StrCat(contents.int_contents_size(),
-                                                 " int_contents for a shape of ", count,
-                                                 " elements"));
+      return Invalid(tensor.name(),
+                     absl::StrCat(contents.int_contents_size(), " int_contents for a shape of ",
+                                  count, " elements"));
     }
     return std::span<const int32_t>(contents.int_contents().data(), count);
   }
   if (static_cast<int64_t>(source.raw->size()) != count * 4) {
-    return Invalid(tensor.name(), absl::StrCat("raw_input_contents holds ", source.raw->size(),
-                                               " bytes for ", count, " INT32 elements (",
-                                               count * 4, " bytes)"));
+    return Invalid(tensor.name(),
+                   absl::StrCat("raw_input_contents holds ", source.raw->size(), " bytes for ",
+                                count, " INT32 elements (", count * 4, " bytes)"));
   }
   copy->resize(count);
   std::memcpy(copy->data(), source.raw->data(), source.raw->size());
@@ -144,7 +144,8 @@ absl::Status DecodeBatch(const TensorSource& data, const TensorSource* lengths,
                          std::vector<float>* copy, std::vector<int32_t>* lengths_copy,
                          core::RaggedBatch* batch) {
   const std::string& name = data.tensor->name();
-  absl::StatusOr<int64_t> count = ElementCount(Shape(*data.tensor), absl::StrCat("tensor '", name, "'"));
+  absl::StatusOr<int64_t> count =
+      ElementCount(Shape(*data.tensor), absl::StrCat("tensor '", name, "'"));
   if (!count.ok()) return count.status();
   absl::StatusOr<const float*> floats = FloatData(data, *count, copy);
   if (!floats.ok()) return floats.status();
@@ -154,8 +155,7 @@ absl::Status DecodeBatch(const TensorSource& data, const TensorSource* lengths,
     if (!read.ok()) return read.status();
     given = *read;
   }
-  return MakeBatch(Shape(*data.tensor), *floats, given, absl::StrCat("tensor '", name, "'"),
-                   batch);
+  return MakeBatch(Shape(*data.tensor), *floats, given, absl::StrCat("tensor '", name, "'"), batch);
 }
 
 // The `kind` parameter: a string naming the kind; bidirectional when absent, so tools that
@@ -219,15 +219,16 @@ absl::Status FindInputs(const ModelInferRequest& request, TensorSource (&found)[
   const bool raw = request.raw_input_contents_size() > 0;
   if (raw && request.raw_input_contents_size() != request.inputs_size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("raw_input_contents has ", request.raw_input_contents_size(),
-                     " entries for ", request.inputs_size(), " inputs; send one per input"));
+        absl::StrCat("raw_input_contents has ", request.raw_input_contents_size(), " entries for ",
+                     request.inputs_size(), " inputs; send one per input"));
   }
   for (int i = 0; i < request.inputs_size(); ++i) {
     const InputTensor& tensor = request.inputs(i);
     const auto* name = std::find(std::begin(kInputNames), std::end(kInputNames), tensor.name());
     if (name == std::end(kInputNames)) {
-      return Invalid(tensor.name(), "not an input of the model (input, lengths, context, "
-                                    "context_lengths)");
+      return Invalid(tensor.name(),
+                     "not an input of the model (input, lengths, context, "
+                     "context_lengths)");
     }
     TensorSource& source = found[name - std::begin(kInputNames)];
     if (source.tensor != nullptr) return Invalid(tensor.name(), "given twice");
@@ -261,9 +262,8 @@ absl::Status DecodeInferRequest(const ModelInferRequest& request, DecodedInfer* 
   const auto& [input, lengths, context, context_lengths] = found;
   if (input.tensor == nullptr) return Invalid(kInferInput, "missing: the model needs it");
   decoded->raw_encoding = input.raw != nullptr;
-  absl::Status status =
-      DecodeBatch(input, lengths.tensor != nullptr ? &lengths : nullptr, &decoded->input_copy,
-                  &decoded->lengths_copy, &args.input);
+  absl::Status status = DecodeBatch(input, lengths.tensor != nullptr ? &lengths : nullptr,
+                                    &decoded->input_copy, &decoded->lengths_copy, &args.input);
   if (!status.ok()) return status;
   if (context.tensor == nullptr) {
     if (context_lengths.tensor != nullptr) {
@@ -332,9 +332,8 @@ float HalfToFloat(uint16_t half) {
     const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
     return sign != 0 ? -magnitude : magnitude;
   }
-  const uint32_t bits = exponent == 0x1f
-                            ? sign | 0x7f800000u | (mantissa << 13)  // infinity, NaN
-                            : sign | ((exponent + 112) << 23) | (mantissa << 13);
+  const uint32_t bits = exponent == 0x1f ? sign | 0x7f800000u | (mantissa << 13)  // infinity, NaN
+                                         : sign | ((exponent + 112) << 23) | (mantissa << 13);
   return std::bit_cast<float>(bits);
 }
 

@@ -48,8 +48,7 @@ struct DecodedInfer {
 
 // Decodes `request` into `decoded` (which then points into `request`: keep it alive).
 // InvalidArgument, naming the tensor or parameter, for anything the contract does not allow.
-absl::Status DecodeInferRequest(const inference::ModelInferRequest& request,
-                                DecodedInfer* decoded);
+absl::Status DecodeInferRequest(const inference::ModelInferRequest& request, DecodedInfer* decoded);
 
 // Fills `response` for `request`: model, version, id, and the requested outputs in FP32, sized
 // and zero-filled in the request's encoding; returns where Forward writes. ResourceExhausted

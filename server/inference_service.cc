@@ -15,16 +15,15 @@ constexpr char kServerName[] = "attnserve";
 constexpr char kPlatform[] = "attnserve_onednn";
 
 // Finishes a typed call with `status`.
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
-void AddTensor(const char* name, const char* datatype, std::initializer_list<int64_t> shape,
-               google::protobuf::RepeatedPtrField<
-                   inference::ModelMetadataResponse::TensorMetadata>* tensors) {
+void AddTensor(
+    const char* name, const char* datatype, std::initializer_list<int64_t> shape,
+    google::protobuf::RepeatedPtrField<inference::ModelMetadataResponse::TensorMetadata>* tensors) {
   auto* tensor = tensors->Add();
   tensor->set_name(name);
   tensor->set_datatype(datatype);
@@ -96,7 +95,8 @@ inference::ModelMetadataResponse DescribeInferModel(const ServedModel& model) {
   const core::LayerSpec& spec = model.layer->spec();
   inference::ModelMetadataResponse metadata;
   metadata.set_name(model.name);
-  metadata.add_versions(kInferModelVersion);
+  // A std::string, not a const char*: GCC 12 warns falsely (-Wrestrict) on the latter.
+  metadata.add_versions(std::string(kInferModelVersion));
   metadata.set_platform(kPlatform);
   // Padded shapes; `input` and `context` may also come packed, [T, width].
   AddTensor(kInferInput, "FP32", {-1, -1, spec.d_model}, metadata.mutable_inputs());

@@ -37,8 +37,7 @@ class InferenceService final
 
  private:
   // The model `name` (and `version`) names, or NotFound.
-  absl::StatusOr<ServedModel*> FindModel(const std::string& name,
-                                         const std::string& version) const;
+  absl::StatusOr<ServedModel*> FindModel(const std::string& name, const std::string& version) const;
 
   Admission* const admission_;
 };

@@ -13,8 +13,8 @@ using google::protobuf::internal::WireFormatLite;
 Clock::time_point SteadyDeadline(const grpc::CallbackServerContext& context) {
   const auto deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            deadline - std::chrono::system_clock::now());
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(deadline - std::chrono::system_clock::now());
 }
 
 bool ScanStringFields(grpc::ByteBuffer* bytes,

@@ -107,7 +107,9 @@ ModelInferRequest ToInfer(const v1::ForwardRequest& forward, bool raw, Wire wire
   const auto kind = KindFromProto(forward.kind());
   (*request.mutable_parameters())["kind"].set_string_param(std::string(core::KindName(*kind)));
   (*request.mutable_parameters())["return_attention"].set_bool_param(forward.return_attention());
-  auto shape = [](const v1::Tensor& t) { return std::vector<int64_t>(t.shape().begin(), t.shape().end()); };
+  auto shape = [](const v1::Tensor& t) {
+    return std::vector<int64_t>(t.shape().begin(), t.shape().end());
+  };
   AddFloats("input", shape(forward.input()), TensorValues(forward.input()), raw, wire, &request);
   if (!forward.lengths().empty()) AddInts("lengths", forward.lengths(), raw, &request);
   if (forward.has_context()) {
@@ -371,8 +373,8 @@ TEST_F(InferenceTest, ModelReadyAndMetadataStateTheContract) {
             "context_lengths:INT32[-1,] ");
   EXPECT_EQ(text(metadata.outputs()), "output:FP32[-1,-1,16,] attention:FP32[-1,2,-1,-1,] ");
 
-  for (const auto& [name, version] : std::vector<std::pair<std::string, std::string>>{
-           {"nope", ""}, {"query_kv", "2"}}) {
+  for (const auto& [name, version] :
+       std::vector<std::pair<std::string, std::string>>{{"nope", ""}, {"query_kv", "2"}}) {
     SCOPED_TRACE(name + " version " + version);
     request.set_name(name);
     request.set_version(version);
@@ -390,8 +392,7 @@ TEST_F(InferenceTest, HealthAndReflectionListTheService) {
   EXPECT_EQ(HealthCheck(channel_.get(), kInferenceServiceName).value_or(-1), 1);
   auto services = ReflectionServices(channel_.get());
   ASSERT_TRUE(services.ok()) << services.status();
-  EXPECT_NE(std::find(services->begin(), services->end(), kInferenceServiceName),
-            services->end());
+  EXPECT_NE(std::find(services->begin(), services->end(), kInferenceServiceName), services->end());
 }
 
 TEST(InferenceDrainTest, NotReadyWhileDraining) {
@@ -517,19 +518,24 @@ std::vector<BadInfer> BadInfers() {
       {"raw not a multiple of 4",
        with([](auto& r) { r.mutable_raw_input_contents(0)->pop_back(); }),
        StatusCode::INVALID_ARGUMENT, "'input'"},
-      {"FP16 raw size is FP32's",
-       with([](auto& r) { r.mutable_inputs(0)->set_datatype("FP16"); }),
+      {"FP16 raw size is FP32's", with([](auto& r) { r.mutable_inputs(0)->set_datatype("FP16"); }),
        StatusCode::INVALID_ARGUMENT, "'input'"},
       {"typed count does not match shape",
-       with([](auto& r) {
-         r.mutable_inputs(0)->mutable_contents()->mutable_fp32_contents()->RemoveLast();
-       }, typed),
+       with(
+           [](auto& r) {
+             r.mutable_inputs(0)->mutable_contents()->mutable_fp32_contents()->RemoveLast();
+           },
+           typed),
        StatusCode::INVALID_ARGUMENT, "'input'"},
-      {"typed FP32 sent as int_contents", with([](auto& r) {
-         auto* contents = r.mutable_inputs(0)->mutable_contents();
-         for (float v : contents->fp32_contents()) contents->add_int_contents(static_cast<int>(v));
-         contents->clear_fp32_contents();
-       }, typed),
+      {"typed FP32 sent as int_contents",
+       with(
+           [](auto& r) {
+             auto* contents = r.mutable_inputs(0)->mutable_contents();
+             for (float v : contents->fp32_contents())
+               contents->add_int_contents(static_cast<int>(v));
+             contents->clear_fp32_contents();
+           },
+           typed),
        StatusCode::INVALID_ARGUMENT, "'input'"},
       {"typed FP16 (the protocol has no such contents)",
        with([](auto& r) { r.mutable_inputs(0)->set_datatype("FP16"); }, typed),
@@ -537,9 +543,8 @@ std::vector<BadInfer> BadInfers() {
       {"typed input without data",
        with([](auto& r) { r.mutable_inputs(0)->clear_contents(); }, typed),
        StatusCode::INVALID_ARGUMENT, "'input'"},
-      {"both raw and typed", with([](auto& r) {
-         r.mutable_inputs(0)->mutable_contents()->add_fp32_contents(1.0f);
-       }),
+      {"both raw and typed",
+       with([](auto& r) { r.mutable_inputs(0)->mutable_contents()->add_fp32_contents(1.0f); }),
        StatusCode::INVALID_ARGUMENT, "'input'"},
       {"raw for only some inputs",
        with([](auto& r) { r.mutable_raw_input_contents()->RemoveLast(); }),
@@ -556,13 +561,13 @@ std::vector<BadInfer> BadInfers() {
          r.mutable_raw_input_contents(1)->append(4, '\0');
        }),
        StatusCode::INVALID_ARGUMENT, "'input'"},
-      {"length past S (the layer's check)", with([](auto& r) {
-         r.mutable_inputs(1)->mutable_contents()->set_int_contents(1, 5);
-       }, typed),
+      {"length past S (the layer's check)",
+       with([](auto& r) { r.mutable_inputs(1)->mutable_contents()->set_int_contents(1, 5); },
+            typed),
        StatusCode::INVALID_ARGUMENT, ""},
-      {"NaN in input (the layer's check)", with([nan](auto& r) {
-         r.mutable_inputs(0)->mutable_contents()->set_fp32_contents(9, nan);
-       }, typed),
+      {"NaN in input (the layer's check)",
+       with([nan](auto& r) { r.mutable_inputs(0)->mutable_contents()->set_fp32_contents(9, nan); },
+            typed),
        StatusCode::INVALID_ARGUMENT, "not finite"},
       {"NaN through FP16", with([](auto& r) {
          r.mutable_inputs(0)->set_datatype("FP16");
@@ -572,23 +577,25 @@ std::vector<BadInfer> BadInfers() {
          bytes[21] = '\x7e';  // 0x7e00: a quiet NaN
        }),
        StatusCode::INVALID_ARGUMENT, "not finite"},
-      {"context_lengths without a context", with([](auto& r) {
-         r.mutable_inputs(1)->set_name("context_lengths");
-       }),
+      {"context_lengths without a context",
+       with([](auto& r) { r.mutable_inputs(1)->set_name("context_lengths"); }),
        StatusCode::INVALID_ARGUMENT, "'context_lengths'"},
-      {"context width is not d_context (the layer's check)", with([](auto& r) {
-         r.mutable_inputs(2)->set_shape(2, 128);
-         r.mutable_raw_input_contents(2)->resize(2 * 3 * 128 * 4);
-       }, true, true),
+      {"context width is not d_context (the layer's check)",
+       with(
+           [](auto& r) {
+             r.mutable_inputs(2)->set_shape(2, 128);
+             r.mutable_raw_input_contents(2)->resize(2 * 3 * 128 * 4);
+           },
+           true, true),
        StatusCode::INVALID_ARGUMENT, ""},
-      {"context datatype INT32", with([](auto& r) { r.mutable_inputs(2)->set_datatype("INT32"); },
-                                      true, true),
+      {"context datatype INT32",
+       with([](auto& r) { r.mutable_inputs(2)->set_datatype("INT32"); }, true, true),
        StatusCode::INVALID_ARGUMENT, "'context'"},
       {"cross kind without context",
        with([](auto& r) { (*r.mutable_parameters())["kind"].set_string_param("causal_cross"); }),
        StatusCode::INVALID_ARGUMENT, ""},
-      {"self kind with a context", with([](auto& r) { r.mutable_parameters()->erase("kind"); },
-                                        true, true),
+      {"self kind with a context",
+       with([](auto& r) { r.mutable_parameters()->erase("kind"); }, true, true),
        StatusCode::INVALID_ARGUMENT, ""},
       {"unknown kind",
        with([](auto& r) { (*r.mutable_parameters())["kind"].set_string_param("sideways"); }),
@@ -596,9 +603,8 @@ std::vector<BadInfer> BadInfers() {
       {"kind not a string",
        with([](auto& r) { (*r.mutable_parameters())["kind"].set_int64_param(2); }),
        StatusCode::INVALID_ARGUMENT, "kind"},
-      {"return_attention not a bool", with([](auto& r) {
-         (*r.mutable_parameters())["return_attention"].set_string_param("yes");
-       }),
+      {"return_attention not a bool",
+       with([](auto& r) { (*r.mutable_parameters())["return_attention"].set_string_param("yes"); }),
        StatusCode::INVALID_ARGUMENT, "return_attention"},
       {"unknown requested output", with([](auto& r) { r.add_outputs()->set_name("logits"); }),
        StatusCode::INVALID_ARGUMENT, "'logits'"},
@@ -665,7 +671,9 @@ TEST_F(InferRefusalTest, BytesThatAreNotAModelInferRequestAreInvalidArgumentWith
   const std::vector<std::pair<std::string, std::string>> bodies = {
       {"garbage", "\xff\xff\xff\xff not a protobuf at all"},
       {"truncated", valid.substr(0, valid.size() / 2)},
-      {"a model name longer than the body", "\x0a\x7f" "abc"},
+      {"a model name longer than the body",
+       "\x0a\x7f"
+       "abc"},
   };
   for (const auto& [name, body] : bodies) {
     std::string reply;
