@@ -12,6 +12,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc          # gRPC 1.51 + grpc_cpp_plugin, grpc_python_plugin
   libprotobuf-dev protobuf-compiler             # protobuf 3.21
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  prometheus-cpp-dev                            # /metrics (prometheus-cpp 1.0 with civetweb)
   python3 python3-grpcio python3-numpy          # the Python client example and its test
 )
 # What only the test suites need (deploy/test.sh); one group per suite.

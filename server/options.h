@@ -14,6 +14,14 @@ namespace attnserve::server {
 // The path that names the built-in demo layer instead of a file (`--model demo=built-in`).
 inline constexpr absl::string_view kBuiltInSource = "built-in";
 
+// Where Prometheus scrapes /metrics unless --metrics-listen says otherwise (Triton's port).
+inline constexpr absl::string_view kDefaultMetricsListen = "0.0.0.0:8002";
+
+// True when `metrics_listen` turns metrics off ("" or "off").
+inline bool MetricsOff(absl::string_view metrics_listen) {
+  return metrics_listen.empty() || metrics_listen == "off";
+}
+
 // One model to serve: a name clients use, where its weights come from and how to read them.
 struct ModelConfig {
   std::string name;
@@ -26,6 +34,7 @@ struct ModelConfig {
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // HOST:PORT; port 0 picks a free port
   std::string port_file;                 // when set, the bound HOST:PORT is written here
+  std::string metrics_listen = std::string(kDefaultMetricsListen);  // "" or "off": no metrics
   std::vector<ModelConfig> models;       // empty: the demo layer, named "demo"
   int compute_threads = 0;               // OpenMP threads per Forward; 0: every core
   int grpc_threads = 0;                  // cap on gRPC's threads; 0: gRPC's default

@@ -17,6 +17,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/logging.h"
+#include "server/metrics.h"
 
 namespace attnserve::server {
 namespace {
@@ -59,6 +60,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       ModelRegistry::Load(options.models, scheduler_options);
   if (!registry.ok()) return registry.status();
   server->registry_ = *std::move(registry);
+  if (absl::Status status = server->StartMetrics(options); !status.ok()) {
+    server->registry_->Drain();
+    return status;
+  }
 
   const int64_t max_bytes = int64_t{options.max_message_mib} << 20;
   server->service_ = std::make_unique<AttentionService>(server->registry_.get(), max_bytes);
@@ -117,10 +122,42 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
   Log(LogLevel::kInfo, "stopped", {{"address", address_}});
 }
 
+absl::Status Server::StartMetrics(const ServerOptions& options) {
+  if (MetricsOff(options.metrics_listen)) {
+    metrics_ = Metrics::Disabled();
+    return absl::OkStatus();
+  }
+  std::vector<ModelLabels> labels;
+  for (const auto& model : registry_->models()) {
+    const core::LayerSpec& spec = model->layer->spec();
+    labels.push_back({.name = model->name,
+                      .layout = std::string(core::LayoutName(spec.layout)),
+                      .precision = std::string(core::PrecisionName(model->layer->precision())),
+                      .d_model = spec.d_model,
+                      .d_context = spec.d_context,
+                      .num_heads = spec.num_heads,
+                      .head_dim = spec.head_dim});
+  }
+  metrics_ = Metrics::Create(labels);
+  absl::StatusOr<int> port = metrics_->Serve(options.metrics_listen);
+  if (port.ok()) {
+    metrics_port_ = *port;
+  } else if (options.metrics_listen == kDefaultMetricsListen) {
+    // Only the default may be busy (a second server on the machine): serving without metrics
+    // beats not serving. A port the operator chose must work.
+    Log(LogLevel::kWarn, "serving without metrics: pass --metrics-listen HOST:PORT (or off)",
+        {{"error", std::string(port.status().message())}});
+  } else {
+    return port.status();
+  }
+  return absl::OkStatus();
+}
+
 void Server::LogSummary(const ServerOptions& options) const {
   const core::RuntimeInfo runtime = core::GetRuntimeInfo();
   Log(LogLevel::kInfo, "attnserve listening",
       {{"address", address_},
+       {"metrics_port", metrics_port_},
        {"models", static_cast<int64_t>(registry_->models().size())},
        {"onednn", runtime.dnnl_version},
        {"isa", runtime.cpu_isa},
