@@ -34,6 +34,9 @@ class LogSummarizer {
   void Add(LogLevel level, absl::string_view key, absl::string_view message,
            std::vector<LogField> fields);
 
+  // Writes every count now (at shutdown: the process may exit without destructors).
+  void Flush() { WriteDue(/*all=*/true); }
+
  private:
   struct Pending {
     LogLevel level = LogLevel::kInfo;
