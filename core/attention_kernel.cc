@@ -7,6 +7,8 @@
 
 #include "core/attention_kernel.h"
 
+#include "core/dnnl_context.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -78,20 +80,8 @@ int64_t ScratchFloats(int64_t head_dim, int64_t pack_rows) {
 // region, so that running out of memory throws std::bad_alloc to the caller instead of
 // terminating inside OpenMP; per calling thread, so concurrent callers never share it.
 float* TeamStorage(int64_t floats) {
-  struct Free {
-    void operator()(float* f) const { std::free(f); }
-  };
-  thread_local std::unique_ptr<float, Free> storage;
-  thread_local int64_t capacity = 0;
-  if (capacity < floats) {
-    storage.reset();
-    capacity = 0;
-    const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
-    storage.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    if (storage == nullptr) throw std::bad_alloc();
-    capacity = floats;
-  }
-  return storage.get();
+  thread_local ScratchBuffer storage;
+  return storage.As<float>(floats);
 }
 
 // Per-thread scratch rounded to whole cache lines, so every thread's slice stays aligned.

@@ -89,7 +89,6 @@ inline constexpr float kNoKeyYet = -3.0e38f;
 
 // One implementation of the tile operations.
 struct TileKernels {
-  const char* name;
   PackQueriesFn pack_queries;
   ScoreFn score;
   SoftmaxFn softmax;

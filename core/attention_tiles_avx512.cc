@@ -395,8 +395,8 @@ ATTNSERVE_AVX512 void Normalize(float* scores_t, int vecs, int num_keys, bool ca
   }
 }
 
-constexpr TileKernels kAvx512Kernels{"avx512",   PackQueries, Score,    Softmax,
-                                     Accumulate, StoreOutput, Normalize};
+constexpr TileKernels kAvx512Kernels{PackQueries, Score,       Softmax,
+                                     Accumulate,  StoreOutput, Normalize};
 
 // ---- bf16 products (vdpbf16ps) ----
 
@@ -568,8 +568,7 @@ void AccumulateBf16(const float* p_t, int vecs, int num_keys, const void* v_pack
   }
 }
 
-constexpr TileKernels kAvx512Bf16Kernels{"avx512_bf16",
-                                         PackQueriesBf16,
+constexpr TileKernels kAvx512Bf16Kernels{PackQueriesBf16,
                                          ScoreBf16,
                                          SoftmaxBf16,
                                          AccumulateBf16,

@@ -116,8 +116,8 @@ ATTNSERVE_CLONES void Normalize(float* scores_t, int vecs, int num_keys, bool ca
 }  // namespace
 
 const TileKernels& PortableTileKernels() {
-  static constexpr TileKernels kKernels{"portable", PackQueries, Score,    Softmax,
-                                        Accumulate, StoreOutput, Normalize};
+  static constexpr TileKernels kKernels{PackQueries, Score,       Softmax,
+                                        Accumulate,  StoreOutput, Normalize};
   return kKernels;
 }
 

@@ -40,9 +40,8 @@ CachedMatmul CreateMatmul(const MatmulKey& key) {
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x_md, w_md, b_md, y_md), attr,
                                         CpuEngine());
-  CachedMatmul made{key, dnnl::matmul(pd), pd.scratchpad_desc(), pd.scratchpad_desc().get_size(),
-                    pd.impl_info_str()};
-  return made;
+  return CachedMatmul{key, dnnl::matmul(pd), pd.scratchpad_desc(),
+                      pd.scratchpad_desc().get_size()};
 }
 
 }  // namespace

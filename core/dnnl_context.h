@@ -28,8 +28,6 @@ struct MatmulKey {
   bool bf16 = false;
   bool bias = false;
   int threads = 0;  // OpenMP team it was made for: oneDNN fixes its work split at creation
-
-  bool operator==(const MatmulKey&) const = default;
 };
 
 // A created matmul primitive and what it needs at execution.
@@ -38,7 +36,6 @@ struct CachedMatmul {
   dnnl::matmul primitive;
   dnnl::memory::desc scratchpad_md;  // the caller provides it (scratchpad_mode::user)
   size_t scratchpad_bytes = 0;
-  std::string implementation;  // oneDNN's name for what it picked, e.g. "brg:avx512_core"
 };
 
 // The primitive for `key`, created at first use and cached for the life of the process.

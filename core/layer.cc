@@ -61,6 +61,19 @@ int64_t CheckedProduct(int64_t a, int64_t b) {
 
 // The first non-finite value among the valid rows of `batch`, as an error naming its place.
 absl::Status CheckFinite(const char* what, const RaggedBatch& batch) {
+  if (batch.segmented()) {
+    for (int64_t b = 0; b < batch.batch(); ++b) {
+      const float* rows = batch.sequence_data[b];
+      for (int64_t e = 0; e < batch.lengths[b] * batch.width; ++e) {
+        if (!std::isfinite(rows[e])) {
+          return absl::InvalidArgumentError(absl::StrCat(what, ": sequence ", b, " element [",
+                                                         e / batch.width, ", ", e % batch.width,
+                                                         "] is not finite (", rows[e], ")"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
   const int64_t rows = batch.packed() ? batch.total_length() : batch.rows();
   const int64_t width = batch.width;
   const bool parallel = rows * width > kParallelFloats;
@@ -79,8 +92,13 @@ absl::Status CheckFinite(const char* what, const RaggedBatch& batch) {
   if (bad_row < 0) return absl::OkStatus();
   int64_t column = 0;
   while (std::isfinite(batch.data[bad_row * width + column])) ++column;
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " row ", bad_row, " column ", column, " is not finite"));
+  // The element's index as the caller's tensor has it: [b, t, c] padded, [t, c] packed.
+  const std::string at =
+      batch.packed() ? absl::StrCat(bad_row, ", ", column)
+                     : absl::StrCat(bad_row / batch.padded_length, ", ",
+                                    bad_row % batch.padded_length, ", ", column);
+  return absl::InvalidArgumentError(absl::StrCat(what, ": element [", at, "] is not finite (",
+                                                 batch.data[bad_row * width + column], ")"));
 }
 
 // Width, padded length, lengths, sizes and data of one batch of a call.
@@ -114,7 +132,18 @@ absl::Status CheckBatch(const char* what, const RaggedBatch& batch, int64_t widt
                                                    " sequences, padded length ",
                                                    batch.padded_length, ", width ", width));
   }
-  if (batch.data == nullptr && rows > 0 && width > 0) {
+  if (batch.segmented()) {
+    if (!batch.packed() || batch.sequence_data.size() != batch.lengths.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " has sequence_data for ", batch.sequence_data.size(), " sequences of ",
+          batch.batch(), (batch.packed() ? "" : " and is padded (segments are packed only)")));
+    }
+    for (int64_t b = 0; b < batch.batch(); ++b) {
+      if (batch.sequence_data[b] == nullptr && batch.lengths[b] > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " sequence ", b, " data is null"));
+      }
+    }
+  } else if (batch.data == nullptr && rows > 0 && width > 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, " data is null but has ", rows, " rows"));
   }
   return CheckFinite(what, batch);
@@ -144,26 +173,30 @@ absl::Status CheckCallSize(const LayerSpec& spec, const ForwardArgs& args) {
   return absl::OkStatus();
 }
 
-// Prefix sums of `lengths`: the first packed row of each sequence.
-std::vector<int64_t> PackedOffsets(const std::vector<int64_t>& lengths) {
-  std::vector<int64_t> offsets(lengths.size());
-  int64_t next = 0;
-  for (size_t b = 0; b < lengths.size(); ++b) {
-    offsets[b] = next;
-    next += lengths[b];
-  }
-  return offsets;
-}
-
 // Copies (and for bf16 rounds) the valid rows of `batch` into `rows` packed rows of `buffer`,
 // zeroing the rows past the valid ones. Returns the input itself when nothing needs doing.
 const void* PackRows(const RaggedBatch& batch, std::span<const int64_t> offsets, int64_t rows,
                      bool bf16, ScratchBuffer& buffer) {
   const int64_t valid = batch.total_length();
   const int64_t width = batch.width;
-  if (!bf16 && batch.packed() && rows == valid) return batch.data;
+  if (!bf16 && batch.packed() && !batch.segmented() && rows == valid) return batch.data;
   const int64_t element = bf16 ? 2 : 4;
   char* out = static_cast<char*>(buffer.Get(rows * width * element));
+  if (batch.segmented()) {
+    // Each sequence is contiguous in its own buffer: one block copy per sequence.
+#pragma omp parallel for schedule(static) if (valid * width > kParallelFloats)
+    for (int64_t b = 0; b < batch.batch(); ++b) {
+      const float* src = batch.sequence_data[b];
+      const int64_t count = batch.lengths[b] * width;
+      if (bf16) {
+        ConvertToBf16(src, reinterpret_cast<uint16_t*>(out + offsets[b] * width * 2), count);
+      } else if (count > 0) {
+        std::memcpy(out + offsets[b] * width * 4, src, count * 4);
+      }
+    }
+    std::memset(out + valid * width * element, 0, (rows - valid) * width * element);
+    return out;
+  }
   const int64_t src_rows = batch.packed() ? valid : batch.rows();
   const int64_t padded = batch.padded_length;
 #pragma omp parallel for schedule(static) if (src_rows * width > kParallelFloats)
@@ -397,7 +430,7 @@ absl::Status Layer::Validate(const ForwardArgs& args) const {
     return absl::InvalidArgumentError(absl::StrCat(
         std::string(KindName(kind)), " attention takes no context (only the cross kinds do)"));
   }
-  if (!cross && !spec.serves_self_attention()) {
+  if (!spec.Serves(kind)) {
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(KindName(kind)),
                      " attention needs d_context == d_model; this layer has d_context ",
@@ -447,6 +480,11 @@ absl::Status Layer::Forward(const ForwardArgs& args, std::span<float> output,
                                                    " floats, the call needs ",
                                                    shapes.attention_size()));
   }
+  return ForwardValidated(args, output, attention);
+}
+
+absl::Status Layer::ForwardValidated(const ForwardArgs& args, std::span<float> output,
+                                     std::span<float> attention) const {
   // Tiny calls: one thread (the team's start-up and barriers would cost more than they save).
   ScopedOmpThreads threads(CallFlops(impl_->spec, args) < kSerialFlops ? 1 : 0);
   return Guarded("layer forward", absl::StatusCode::kInternal,

@@ -60,6 +60,12 @@ class Layer {
   absl::Status Forward(const ForwardArgs& args, std::span<float> output,
                        std::span<float> attention = {}) const;
 
+  // Forward without Validate, for a caller that has validated `args` with this layer once
+  // already (the server, at admission) and sized the buffers from Shapes(): a server should
+  // not scan every tensor twice. Running out of memory is still ResourceExhausted.
+  absl::Status ForwardValidated(const ForwardArgs& args, std::span<float> output,
+                                std::span<float> attention = {}) const;
+
  private:
   struct Impl;
   explicit Layer(std::unique_ptr<Impl> impl);

@@ -18,6 +18,13 @@ std::string_view KindName(AttentionKind kind) {
   return "unknown";
 }
 
+std::optional<AttentionKind> KindFromName(std::string_view name) {
+  for (AttentionKind kind : kAttentionKinds) {
+    if (KindName(kind) == name) return kind;
+  }
+  return std::nullopt;
+}
+
 // Short, stable names: they are part of the wire contract (ModelInfo.layout) and of logs.
 std::string_view LayoutName(WeightLayout layout) {
   switch (layout) {

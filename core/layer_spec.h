@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace attnserve::core {
@@ -18,7 +19,18 @@ constexpr bool IsCross(AttentionKind kind) {
   return kind == AttentionKind::kCross || kind == AttentionKind::kCausalCross;
 }
 
+// Every kind, in the wire's order.
+inline constexpr AttentionKind kAttentionKinds[] = {
+    AttentionKind::kBidirectional, AttentionKind::kCausal, AttentionKind::kCross,
+    AttentionKind::kCausalCross};
+
+// The one spelling of each kind everywhere but the proto enum: "bidirectional", "causal",
+// "cross", "causal_cross" (the enum's names lower-cased) in logs, metrics, the CLI and the
+// Open Inference Protocol's `kind` parameter.
 std::string_view KindName(AttentionKind kind);
+
+// The kind spelled `name` by KindName, or nullopt.
+std::optional<AttentionKind> KindFromName(std::string_view name);
 
 // How the layer's weights were named in its file (README.md, "Serving your own PyTorch layer").
 enum class WeightLayout {
@@ -54,6 +66,9 @@ struct LayerSpec {
   int64_t d_output() const { return has_output_projection ? d_model : inner(); }
   // Self kinds read keys and values from the input, which needs d_context == d_model.
   bool serves_self_attention() const { return d_context == d_model; }
+  // The one decision of which kinds a layer serves: the cross kinds always, the self kinds when
+  // keys and values can be read from the input.
+  bool Serves(AttentionKind kind) const { return IsCross(kind) || serves_self_attention(); }
 };
 
 }  // namespace attnserve::core

@@ -16,11 +16,18 @@ int64_t RaggedBatch::max_length() const {
 int64_t RaggedBatch::rows() const { return packed() ? total_length() : batch() * padded_length; }
 
 std::vector<int64_t> RaggedBatch::row_offsets() const {
+  if (packed()) return PackedOffsets(lengths);
   std::vector<int64_t> offsets(lengths.size());
-  int64_t row = 0;
+  for (size_t b = 0; b < lengths.size(); ++b) offsets[b] = static_cast<int64_t>(b) * padded_length;
+  return offsets;
+}
+
+std::vector<int64_t> PackedOffsets(std::span<const int64_t> lengths) {
+  std::vector<int64_t> offsets(lengths.size());
+  int64_t next = 0;
   for (size_t b = 0; b < lengths.size(); ++b) {
-    offsets[b] = row;
-    row += packed() ? lengths[b] : padded_length;
+    offsets[b] = next;
+    next += lengths[b];
   }
   return offsets;
 }

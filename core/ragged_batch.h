@@ -16,8 +16,13 @@ struct RaggedBatch {
   int64_t width = 0;
   std::vector<int64_t> lengths;     // one per sequence, each >= 0
   int64_t padded_length = kPacked;  // rows reserved per sequence; kPacked: none reserved
+  // Packed batches only, when not empty: sequence b's rows start at sequence_data[b] instead of
+  // at its packed offset in `data` (then unused), so one batch can gather sequences that live in
+  // several buffers (the server's merged calls) without copying them.
+  std::vector<const float*> sequence_data;
 
   bool packed() const { return padded_length == kPacked; }
+  bool segmented() const { return !sequence_data.empty(); }
   int64_t batch() const { return static_cast<int64_t>(lengths.size()); }
   int64_t total_length() const;  // sum of lengths: the valid tokens
   int64_t max_length() const;    // longest sequence (0 for an empty batch)
@@ -27,5 +32,8 @@ struct RaggedBatch {
   // Row of `data` where each sequence starts (one pass, also when packed).
   std::vector<int64_t> row_offsets() const;
 };
+
+// Prefix sums of `lengths`: the first row of each sequence when they are packed back to back.
+std::vector<int64_t> PackedOffsets(std::span<const int64_t> lengths);
 
 }  // namespace attnserve::core

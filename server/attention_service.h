@@ -1,43 +1,34 @@
 #pragma once
 
-#include <atomic>
-#include <cstdint>
-
 #include "attnserve/v1/attention.grpc.pb.h"
-#include "server/model_registry.h"
+#include "server/admission.h"
 
 namespace attnserve::server {
 
-// The wire's AttentionService on gRPC's callback API. Its methods decode, check and hand the
-// call to the model's scheduler; no compute ever runs on a gRPC thread.
-class AttentionService final : public v1::AttentionService::CallbackService {
+// attnserve.v1.AttentionService on gRPC's callback API. Forward is a raw method: its bytes go to
+// a ForwardCall, which admission decodes only once the call may be served; ListModels is typed.
+// Nothing here decides anything: the methods convert and delegate.
+class AttentionService final
+    : public v1::AttentionService::WithRawCallbackMethod_Forward<
+          v1::AttentionService::WithCallbackMethod_ListModels<v1::AttentionService::Service>> {
  public:
-  // `registry` outlives the service; replies larger than `max_message_bytes` are refused
-  // before any compute.
-  AttentionService(ModelRegistry* registry, int64_t max_message_bytes);
+  // `admission` outlives the service.
+  explicit AttentionService(Admission* admission) : admission_(admission) {}
 
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
-                                    const v1::ForwardRequest* request,
-                                    v1::ForwardResponse* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
 
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
 
-  // From now on Forward answers UNAVAILABLE (shutdown has begun).
-  void StopAccepting() { accepting_.store(false); }
-
  private:
-  // Checks the call and hands it to its model's scheduler; an error means the caller answers.
-  absl::Status Accept(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
-                      const v1::ForwardRequest* request, v1::ForwardResponse* response);
-
-  ModelRegistry* const registry_;
-  const int64_t max_message_bytes_;
-  std::atomic<bool> accepting_{true};
+  Admission* const admission_;
 };
 
-// The ModelInfo ListModels reports for `model`.
+// The ModelInfo ListModels reports for `model`: the one list of what a model is, which the
+// start-up log and the client's table and JSON print field by field.
 v1::ModelInfo DescribeModel(const ServedModel& model);
 
 }  // namespace attnserve::server

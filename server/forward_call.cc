@@ -1,81 +1,82 @@
 #include "server/forward_call.h"
 
-#include <utility>
+#include <chrono>
 
-#include "core/layer_spec.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "server/grpc_status.h"
-#include "server/logging.h"
 
 namespace attnserve::server {
 namespace {
 
-double MillisSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
+using google::protobuf::internal::WireFormatLite;
+
+// The caller's deadline on the steady clock (max() for none).
+Clock::time_point SteadyDeadline(const grpc::CallbackServerContext& context) {
+  const auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            deadline - std::chrono::system_clock::now());
+}
+
+absl::Status NotAForwardRequest() {
+  return absl::InvalidArgumentError(
+      "the request body is not a valid attnserve.v1.ForwardRequest (malformed protobuf)");
 }
 
 }  // namespace
 
-ForwardCall::ForwardCall(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
-                         const v1::ForwardRequest* request, v1::ForwardResponse* response,
-                         std::string model_name)
-    : context_(context),
-      reactor_(reactor),
-      request_(request),
-      response_(response),
-      model_name_(std::move(model_name)),
-      accepted_(std::chrono::steady_clock::now()) {}
+ForwardCall::ForwardCall(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                         grpc::ByteBuffer* response)
+    : Job(Clock::now(), SteadyDeadline(*context)),
+      request_bytes_(*request),
+      response_bytes_(response) {}
 
-absl::Status ForwardCall::Decode() { return DecodeForwardRequest(*request_, &decoded_); }
-
-absl::Status ForwardCall::CheckAlive() const {
-  // The deadline first: once it passes gRPC also marks the call cancelled, and the caller
-  // wants to hear which of the two happened.
-  if (context_->deadline() <= std::chrono::system_clock::now()) {
-    return absl::DeadlineExceededError("the deadline passed while the call was queued");
+absl::StatusOr<absl::string_view> ForwardCall::RequestedModel() {
+  // Only field 1 is read; the tensors are skipped over without being copied or parsed, so a
+  // call refused for its model, a full queue or shutdown costs next to nothing.
+  grpc::ProtoBufferReader reader(&request_bytes_);
+  google::protobuf::io::CodedInputStream input(&reader);
+  model_.clear();
+  while (const uint32_t tag = input.ReadTag()) {
+    if (tag == WireFormatLite::MakeTag(v1::ForwardRequest::kModelFieldNumber,
+                                       WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      if (!WireFormatLite::ReadString(&input, &model_)) return NotAForwardRequest();
+    } else if (!WireFormatLite::SkipField(&input, tag)) {
+      return NotAForwardRequest();
+    }
   }
-  if (context_->IsCancelled()) {
-    return absl::CancelledError("the call was cancelled while queued");
-  }
-  return absl::OkStatus();
+  if (!input.ConsumedEntireMessage()) return NotAForwardRequest();
+  return absl::string_view(model_);
 }
 
-ForwardBuffers ForwardCall::Buffers(const core::ForwardShapes& shapes) {
+absl::Status ForwardCall::Decode() {
+  request_ = google::protobuf::Arena::CreateMessage<v1::ForwardRequest>(&arena_);
+  grpc::ProtoBufferReader reader(&request_bytes_);
+  if (!request_->ParseFromZeroCopyStream(&reader)) return NotAForwardRequest();
+  return DecodeForwardRequest(*request_, &decoded_);
+}
+
+int64_t ForwardCall::ReplyBytes(const core::ForwardShapes& shapes) const {
+  return ForwardReplyBytes(shapes);
+}
+
+absl::StatusOr<ForwardBuffers> ForwardCall::Buffers(const core::ForwardShapes& shapes) {
+  response_ = google::protobuf::Arena::CreateMessage<v1::ForwardResponse>(&arena_);
   return PrepareForwardResponse(decoded_, shapes, response_);
 }
 
-void ForwardCall::Finish(const absl::Status& status, const RunInfo& run) {
-  const core::ForwardArgs& args = decoded_.args;
-  const double ms = MillisSince(accepted_);
-  if (status.ok()) {
-    if (LogEnabled(LogLevel::kDebug)) {
-      Log(LogLevel::kDebug, "forward",
-          {{"model", model_name_},
-           {"kind", std::string(core::KindName(args.kind))},
-           {"batch", args.input.batch()},
-           {"tokens", args.input.total_length()},
-           {"merged", run.batch_size},
-           {"compute_ms", run.compute_ms},
-           {"ms", ms}});
-    }
-  } else {
-    Log(LogLevel::kWarn, "forward failed",
-        {{"model", model_name_},
-         {"code", absl::StatusCodeToString(status.code())},
-         {"error", std::string(status.message())},
-         {"ms", ms}});
+void ForwardCall::Finish(const absl::Status& status) {
+  grpc::Status answer = ToGrpcStatus(status);
+  if (status.ok() && response_ != nullptr) {
+    bool own_buffer = false;
+    answer = grpc::SerializationTraits<v1::ForwardResponse>::Serialize(*response_,
+                                                                      response_bytes_, &own_buffer);
   }
-  // After this the request and response belong to gRPC again: touch nothing.
-  reactor_->Finish(ToGrpcStatus(status));
-}
-
-void FinishRefused(grpc::ServerUnaryReactor* reactor, const absl::Status& status,
-                   const v1::ForwardRequest& request) {
-  Log(LogLevel::kWarn, "forward refused",
-      {{"model", Clipped(request.model())},
-       {"code", absl::StatusCodeToString(status.code())},
-       {"error", std::string(status.message())}});
-  reactor->Finish(ToGrpcStatus(status));
+  // After this gRPC may call OnDone at any time, which deletes this call: touch nothing.
+  reactor_.Finish(answer);
 }
 
 }  // namespace attnserve::server

@@ -1,45 +1,58 @@
 #pragma once
 
-#include <chrono>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attention.pb.h"
+#include "google/protobuf/arena.h"
 #include "grpcpp/server_context.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "server/forward_codec.h"
-#include "server/scheduler.h"
+#include "server/job.h"
 
 namespace attnserve::server {
 
-// One Forward call on its way through a scheduler: the gRPC side of a Job. It points into the
-// request and response that gRPC owns until Finish, and answers through the reactor.
+// One attnserve.v1 Forward call: the request's bytes as gRPC received them (the service's raw
+// method, so a body that is not a ForwardRequest gets a clear INVALID_ARGUMENT), parsed by us
+// onto an arena only once the call holds a queue place, and answered through its own reactor,
+// which takes the call out of its queue the moment the caller leaves. Made with `new`; deletes
+// itself when gRPC is done with the call.
 class ForwardCall final : public Job {
  public:
-  ForwardCall(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
-              const v1::ForwardRequest* request, v1::ForwardResponse* response,
-              std::string model_name);
+  ForwardCall(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+              grpc::ByteBuffer* response);
 
-  // Decodes the request in place; InvalidArgument for a malformed one.
-  absl::Status Decode();
+  // What gRPC's handler returns.
+  grpc::ServerUnaryReactor* reactor() { return &reactor_; }
 
+  absl::StatusOr<absl::string_view> RequestedModel() override;
+  absl::Status Decode() override;
   const core::ForwardArgs& args() const override { return decoded_.args; }
-  absl::Status CheckAlive() const override;
-  ForwardBuffers Buffers(const core::ForwardShapes& shapes) override;
-  void Finish(const absl::Status& status, const RunInfo& run) override;
+  int64_t ReplyBytes(const core::ForwardShapes& shapes) const override;
+  absl::StatusOr<ForwardBuffers> Buffers(const core::ForwardShapes& shapes) override;
+  void Finish(const absl::Status& status) override;
 
  private:
-  grpc::CallbackServerContext* const context_;
-  grpc::ServerUnaryReactor* const reactor_;
-  const v1::ForwardRequest* const request_;
-  v1::ForwardResponse* const response_;
-  const std::string model_name_;
-  const std::chrono::steady_clock::time_point accepted_;
+  class Reactor final : public grpc::ServerUnaryReactor {
+   public:
+    explicit Reactor(ForwardCall* call) : call_(call) {}
+    void OnCancel() override { call_->CallerGone(); }
+    void OnDone() override { delete call_; }
+
+   private:
+    ForwardCall* const call_;
+  };
+
+  grpc::ByteBuffer request_bytes_;  // shares gRPC's slices, no copy
+  grpc::ByteBuffer* const response_bytes_;
+  Reactor reactor_{this};
+  std::string model_;
+  google::protobuf::Arena arena_;
+  v1::ForwardRequest* request_ = nullptr;
+  v1::ForwardResponse* response_ = nullptr;
   DecodedForward decoded_;
 };
-
-// Answers a call that never reached a scheduler, logging the failure like any other.
-void FinishRefused(grpc::ServerUnaryReactor* reactor, const absl::Status& status,
-                   const v1::ForwardRequest& request);
 
 }  // namespace attnserve::server

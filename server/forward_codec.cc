@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -22,6 +21,10 @@ using Lengths = google::protobuf::RepeatedField<int32_t>;
 // Sequences per batch. Empty sequences cost no tokens but a few words of bookkeeping each: a
 // 64 MiB message of zero lengths would otherwise hold the worker for seconds and take gigabytes.
 constexpr int64_t kMaxSequences = int64_t{1} << 16;
+
+// Floats one reply tensor may hold: what a repeated field indexes with an int, and 2 GiB of raw
+// bytes, the most a gRPC message can carry.
+constexpr int64_t kMaxReplyFloats = (int64_t{1} << 29) - 1;
 
 // The element count of `shape`, refusing a rank other than 2 or 3, non-positive dims and
 // products that overflow.
@@ -49,17 +52,26 @@ absl::StatusOr<int64_t> ElementCount(const v1::Tensor& tensor, absl::string_view
   return count;
 }
 
-// Element `flat` of a row-major tensor as its index per dimension: "[b, t, c]".
-std::string Position(const v1::Tensor& tensor, int64_t flat) {
-  std::vector<int64_t> at(tensor.shape_size());
-  for (int d = tensor.shape_size() - 1; d >= 0; --d) {
-    at[d] = flat % tensor.shape(d);
-    flat /= tensor.shape(d);
+}  // namespace
+
+absl::StatusOr<const float*> RawFloats(absl::string_view bytes, int64_t count,
+                                       std::vector<float>* copy) {
+  if (static_cast<int64_t>(bytes.size()) != count * static_cast<int64_t>(sizeof(float))) {
+    return absl::InvalidArgumentError(absl::StrCat("holds ", bytes.size(), " bytes for ", count,
+                                                   " float32 elements (", count * 4, " bytes)"));
   }
-  return absl::StrCat("[", absl::StrJoin(at, ", "), "]");
+  if (count == 0) return copy->data();
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+    return reinterpret_cast<const float*>(bytes.data());
+  }
+  copy->resize(count);
+  std::memcpy(copy->data(), bytes.data(), bytes.size());
+  return copy->data();
 }
 
-// Points at the tensor's floats, in place when possible; checks sizes and finiteness.
+namespace {
+
+// Points at the tensor's floats, in place when possible, after checking their count.
 absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_view what,
                                         int64_t count, std::vector<float>* copy, bool* raw) {
   const bool has_values = tensor.values_size() > 0;
@@ -69,37 +81,17 @@ absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_v
         absl::StrCat(what, has_values ? ": both values and raw are set; send exactly one"
                                       : ": no data (neither values nor raw is set)"));
   }
-  *raw = has_raw;
-  const float* data = nullptr;
+  if (raw != nullptr) *raw = has_raw;
   if (has_values) {
     if (tensor.values_size() != count) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": ", tensor.values_size(), " values for a shape of ", count, " elements"));
     }
-    data = tensor.values().data();
-  } else {
-    const std::string& bytes = tensor.raw();
-    if (bytes.size() % sizeof(float) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": raw holds ", bytes.size(),
-                                                     " bytes, not a multiple of 4 (float32)"));
-    }
-    if (static_cast<int64_t>(bytes.size() / sizeof(float)) != count) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": raw holds ", bytes.size() / 4, " floats for a shape of ", count, " elements"));
-    }
-    if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
-      data = reinterpret_cast<const float*>(bytes.data());
-    } else {
-      copy->resize(count);
-      std::memcpy(copy->data(), bytes.data(), bytes.size());
-      data = copy->data();
-    }
+    return tensor.values().data();
   }
-  for (int64_t i = 0; i < count; ++i) {
-    if (!std::isfinite(data[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": element ", Position(tensor, i), " is not finite (", data[i], ")"));
-    }
+  absl::StatusOr<const float*> data = RawFloats(tensor.raw(), count, copy);
+  if (!data.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": raw ", data.status().message()));
   }
   return data;
 }
@@ -148,6 +140,7 @@ absl::Status DecodeLengths(const v1::Tensor& tensor, const Lengths& lengths, abs
 
 absl::Status DecodeBatch(const v1::Tensor& tensor, const Lengths& lengths, absl::string_view what,
                          std::vector<float>* copy, bool* raw, core::RaggedBatch* batch) {
+  // Shape and data only: finiteness and the layer's widths are Layer::Validate's, run once.
   absl::StatusOr<int64_t> count = ElementCount(tensor, what);
   if (!count.ok()) return count.status();
   absl::StatusOr<const float*> data = TensorData(tensor, what, *count, copy, raw);
@@ -165,17 +158,23 @@ bool HasContext(const v1::ForwardRequest& request) {
   return c.shape_size() > 0 || c.values_size() > 0 || !c.raw().empty();
 }
 
-// Writes `shape` and sizes the data of `tensor`, returning the float span to fill.
-std::span<float> SizeTensor(const std::vector<int64_t>& shape, int64_t count, bool raw,
-                            v1::Tensor* tensor) {
+// Writes `shape` and sizes the data of `tensor`, returning the float span to fill. A count
+// that a repeated field or the wire cannot hold is refused here, whatever admission checked.
+absl::StatusOr<std::span<float>> SizeTensor(const std::vector<int64_t>& shape, int64_t count,
+                                            bool raw, v1::Tensor* tensor) {
+  if (count < 0 || count > kMaxReplyFloats) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a reply tensor of ", count, " floats is over the limit of ",
+                     kMaxReplyFloats));
+  }
   tensor->mutable_shape()->Assign(shape.begin(), shape.end());
   if (raw) {
     std::string* bytes = tensor->mutable_raw();
     bytes->resize(count * sizeof(float));  // zero-filled: padded rows stay 0
-    return {reinterpret_cast<float*>(bytes->data()), static_cast<size_t>(count)};
+    return std::span<float>(reinterpret_cast<float*>(bytes->data()), static_cast<size_t>(count));
   }
   tensor->mutable_values()->Resize(static_cast<int>(count), 0.0f);
-  return {tensor->mutable_values()->mutable_data(), static_cast<size_t>(count)};
+  return std::span<float>(tensor->mutable_values()->mutable_data(), static_cast<size_t>(count));
 }
 
 }  // namespace
@@ -228,15 +227,19 @@ absl::Status DecodeForwardRequest(const v1::ForwardRequest& request, DecodedForw
     args.context.reset();
     return absl::OkStatus();
   }
-  bool context_raw = false;
+  // The reply's encoding follows the input's alone; the context may come either way.
   args.context.emplace();
   return DecodeBatch(request.context(), request.context_lengths(), "context",
-                     &decoded->context_copy, &context_raw, &*args.context);
+                     &decoded->context_copy, /*raw=*/nullptr, &*args.context);
 }
 
-ForwardBuffers PrepareForwardResponse(const DecodedForward& decoded,
-                                      const core::ForwardShapes& shapes,
-                                      v1::ForwardResponse* response) {
+int64_t ForwardReplyBytes(const core::ForwardShapes& shapes) {
+  return (shapes.output_size() + shapes.attention_size()) * int64_t{sizeof(float)} + 64;
+}
+
+absl::StatusOr<ForwardBuffers> PrepareForwardResponse(const DecodedForward& decoded,
+                                                      const core::ForwardShapes& shapes,
+                                                      v1::ForwardResponse* response) {
   const core::RaggedBatch& input = decoded.args.input;
   std::vector<int64_t> output_shape;
   if (input.packed()) {
@@ -245,13 +248,17 @@ ForwardBuffers PrepareForwardResponse(const DecodedForward& decoded,
     output_shape = {input.batch(), input.padded_length, shapes.output_width};
   }
   ForwardBuffers buffers;
-  buffers.output = SizeTensor(output_shape, shapes.output_size(), decoded.raw_encoding,
-                              response->mutable_output());
+  absl::StatusOr<std::span<float>> output = SizeTensor(
+      output_shape, shapes.output_size(), decoded.raw_encoding, response->mutable_output());
+  if (!output.ok()) return output.status();
+  buffers.output = *output;
   if (decoded.args.return_attention) {
     const std::vector<int64_t> dims(std::begin(shapes.attention_dims),
                                     std::end(shapes.attention_dims));
-    buffers.attention = SizeTensor(dims, shapes.attention_size(), decoded.raw_encoding,
-                                   response->mutable_attention());
+    absl::StatusOr<std::span<float>> attention = SizeTensor(
+        dims, shapes.attention_size(), decoded.raw_encoding, response->mutable_attention());
+    if (!attention.ok()) return attention.status();
+    buffers.attention = *attention;
   }
   return buffers;
 }

@@ -12,6 +12,7 @@
 #include "attnserve/v1/attention.pb.h"
 #include "core/layer.h"
 #include "core/layer_spec.h"
+#include "server/job.h"
 
 namespace attnserve::server {
 
@@ -27,12 +28,6 @@ struct DecodedForward {
   std::vector<float> input_copy, context_copy;  // only for misaligned raw bytes
 };
 
-// Where Layer::Forward writes its results: inside the response's own tensors.
-struct ForwardBuffers {
-  std::span<float> output;
-  std::span<float> attention;
-};
-
 // The core kind of a wire kind; InvalidArgument for UNSPECIFIED or an unknown number.
 absl::StatusOr<core::AttentionKind> KindFromProto(int kind);
 
@@ -40,13 +35,23 @@ absl::StatusOr<core::AttentionKind> KindFromProto(int kind);
 v1::AttentionKind KindToProto(core::AttentionKind kind);
 
 // Decodes `request` into `decoded` (which then points into `request`: keep it alive).
-// InvalidArgument, saying what is wrong, for a malformed encoding.
+// InvalidArgument, saying what is wrong, for a malformed encoding. Values are not scanned:
+// finiteness is checked once, by core::Layer::Validate at admission.
 absl::Status DecodeForwardRequest(const v1::ForwardRequest& request, DecodedForward* decoded);
 
+// `count` float32 values from little-endian `bytes`: in place when the bytes are aligned for
+// float, else copied into `copy` (protobuf gives no alignment promise). InvalidArgument when
+// the byte count is not 4 * count.
+absl::StatusOr<const float*> RawFloats(absl::string_view bytes, int64_t count,
+                                       std::vector<float>* copy);
+
+// Bytes a ForwardResponse with these shapes takes on the wire, a little over.
+int64_t ForwardReplyBytes(const core::ForwardShapes& shapes);
+
 // Sizes the response's tensors in the request's encoding and layout, zero-filled, and returns
-// spans over them for Forward to write into.
-ForwardBuffers PrepareForwardResponse(const DecodedForward& decoded,
-                                      const core::ForwardShapes& shapes,
-                                      v1::ForwardResponse* response);
+// spans over them for Forward to write into. ResourceExhausted for a size the reply cannot hold.
+absl::StatusOr<ForwardBuffers> PrepareForwardResponse(const DecodedForward& decoded,
+                                                      const core::ForwardShapes& shapes,
+                                                      v1::ForwardResponse* response);
 
 }  // namespace attnserve::server

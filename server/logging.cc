@@ -180,6 +180,8 @@ std::string Clipped(absl::string_view client_text) {
   return absl::StrCat(client_text.substr(0, kShown), "... (", client_text.size(), " bytes)");
 }
 
+void FlushLibraryLogs() { LibrarySummarizer().Flush(); }
+
 bool LogEnabled(LogLevel level) {
   return level != LogLevel::kOff && State().logger->should_log(ToSpdlog(level));
 }

@@ -32,6 +32,9 @@ absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name);
 // library complaining once per bad call cannot flood the log. Callable again, e.g. by tests.
 void InitLogging(LogLevel level, LogFormat format);
 
+// Writes the counts of gRPC's and protobuf's summarised lines not yet written (at shutdown).
+void FlushLibraryLogs();
+
 // True when lines of `level` are written: lets callers skip building expensive fields.
 bool LogEnabled(LogLevel level);
 

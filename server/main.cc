@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -61,6 +62,11 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "Dynamic batching: queued calls of the same kind are merged into one run of up "
                  "to this many tokens; 0 = no batching")
       ->capture_default_str();
+  app.add_option("--max-queue-delay-us", o.max_queue_delay_us,
+                 "Dynamic batching: how long the oldest queued call may wait for others to "
+                 "merge with (unless --max-batch-tokens are queued sooner); 0 = run at once, "
+                 "merging only calls already waiting")
+      ->capture_default_str();
   app.add_option(
          "--shutdown-grace", flags.shutdown_grace_s,
          "Seconds queued calls may wait to run after SIGTERM/SIGINT; those still queued then are "
@@ -84,6 +90,19 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
+// OpenMP threads that spin-wait between runs take the cores from gRPC's threads and from callers
+// on the same machine while the server waits for work. libgomp reads OMP_WAIT_POLICY once, when
+// it is loaded (before main), so the process re-executes itself once with the policy set,
+// unless the user chose one (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
+void SleepWhileIdle(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) {
+    return;
+  }
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);
+  // Not reached unless exec failed: serve anyway, spinning (slower, not wrong).
+}
+
 int Fail(const absl::Status& status) {
   attnserve::server::Log(LogLevel::kCritical, "attnserve cannot start",
                          {{"error", std::string(status.message())}});
@@ -94,6 +113,7 @@ int Fail(const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  SleepWhileIdle(argv);
   const sigset_t signals = BlockShutdownSignals();
   CLI::App app{
       "attnserve: serves the forward pass of trained multi-head attention layers "

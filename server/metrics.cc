@@ -214,11 +214,10 @@ struct Metrics::Families {
   Family<Gauge>& model_info;
 };
 
-ModelMetrics::ModelMetrics(Metrics* metrics, std::string name)
-    : metrics_(metrics), name_(std::move(name)) {
+ModelMetrics::ModelMetrics(Metrics* metrics, std::string name) : name_(std::move(name)) {
   // Calls for a model not served never queue: the "" handle has no queue or compute series.
-  if (metrics_ == nullptr || name_.empty()) return;
-  Metrics::Families& f = *metrics_->families_;
+  if (metrics == nullptr || name_.empty()) return;
+  Metrics::Families& f = *metrics->families_;
   const Labels model{{"model", name_}};
   queue_depth_ = &f.queue_depth.Add(model);
   queue_duration_ = &f.queue_duration.Add(model, Metrics::DurationBuckets());
@@ -227,15 +226,14 @@ ModelMetrics::ModelMetrics(Metrics* metrics, std::string name)
   batch_tokens_ = &f.batch_tokens.Add(model, BatchTokenBuckets());
 }
 
-void ModelMetrics::Queued() {
+void ModelMetrics::SetQueueDepth(int calls) {
   if (queue_depth_ == nullptr) return;
-  queue_depth_->Increment();
+  queue_depth_->Set(calls);
 }
 
-void ModelMetrics::Dequeued(double waited_seconds) {
+void ModelMetrics::QueueWait(double seconds) {
   if (queue_depth_ == nullptr) return;
-  queue_depth_->Decrement();
-  queue_duration_->Observe(waited_seconds);
+  queue_duration_->Observe(seconds);
 }
 
 void ModelMetrics::ComputeRun(int calls, int64_t tokens, double seconds) {
@@ -259,19 +257,23 @@ Metrics::~Metrics() {
 
 std::unique_ptr<Metrics> Metrics::Disabled() {
   std::unique_ptr<Metrics> metrics(new Metrics(false));
-  metrics->models_.push_back(std::unique_ptr<ModelMetrics>(new ModelMetrics(nullptr, "")));
+  metrics->unknown_.reset(new ModelMetrics(nullptr, ""));
   return metrics;
 }
 
-std::unique_ptr<Metrics> Metrics::Create(const std::vector<ModelLabels>& models) {
+std::unique_ptr<Metrics> Metrics::Create() {
   std::unique_ptr<Metrics> metrics(new Metrics(true));
-  for (const ModelLabels& model : models) metrics->AddModel(model);
-  metrics->models_.push_back(std::unique_ptr<ModelMetrics>(new ModelMetrics(metrics.get(), "")));
+  metrics->unknown_.reset(new ModelMetrics(metrics.get(), ""));
   return metrics;
 }
 
-void Metrics::AddModel(const ModelLabels& labels) {
-  models_.push_back(std::unique_ptr<ModelMetrics>(new ModelMetrics(this, labels.name)));
+ModelMetrics& Metrics::AddModel(const std::string& name) {
+  models_.push_back(std::unique_ptr<ModelMetrics>(new ModelMetrics(enabled_ ? this : nullptr, name)));
+  return *models_.back();
+}
+
+void Metrics::SetModelInfo(const ModelLabels& labels) {
+  if (!enabled_) return;
   families_->model_info
       .Add({{"model", labels.name},
             {"layout", labels.layout},
@@ -302,10 +304,10 @@ absl::StatusOr<int> Metrics::Serve(const std::string& listen) {
 }
 
 ModelMetrics& Metrics::ForModel(absl::string_view name) {
-  for (size_t i = 0; i + 1 < models_.size(); ++i) {
-    if (models_[i]->name_ == name) return *models_[i];
+  for (const auto& model : models_) {
+    if (model->name_ == name) return *model;
   }
-  return *models_.back();
+  return *unknown_;
 }
 
 void Metrics::CallArrived() {

@@ -44,20 +44,21 @@ struct ModelLabels {
   int64_t head_dim = 0;
 };
 
-// One model's series. A call for a model the server does not have is recorded on the handle
-// whose model label is "" (Metrics::ForModel), so clients cannot create series.
+// One served model's series. A call for a model the server does not have is recorded on the
+// handle whose model label is "" (Metrics::ForModel), so clients cannot create series.
 class ModelMetrics {
  public:
   ModelMetrics(const ModelMetrics&) = delete;
   ModelMetrics& operator=(const ModelMetrics&) = delete;
 
-  // A call entered the model's queue: attnserve_queue_depth goes up.
-  void Queued();
+  // The model's queue now holds `calls` calls (attnserve_queue_depth).
+  void SetQueueDepth(int calls);
 
-  // A call left the queue (to compute, or answered without compute) after `waited_seconds`.
-  void Dequeued(double waited_seconds);
+  // A call waited `seconds` from arrival to the start of its compute run.
+  void QueueWait(double seconds);
 
-  // One compute run held `calls` calls with `tokens` query tokens and took `seconds`.
+  // One compute run held `calls` calls with `tokens` tokens (input + context) and took
+  // `seconds`.
   void ComputeRun(int calls, int64_t tokens, double seconds);
 
  private:
@@ -67,7 +68,6 @@ class ModelMetrics {
 
   ModelMetrics(Metrics* metrics, std::string name);
 
-  Metrics* const metrics_;  // null when metrics are off
   const std::string name_;  // the label value: a served model's name, or ""
   // Null when metrics are off, and for the "" handle: the methods above then do nothing.
   prometheus::Gauge* queue_depth_ = nullptr;
@@ -88,8 +88,8 @@ class Metrics {
   // at once, so the serving path can call them unconditionally.
   static std::unique_ptr<Metrics> Disabled();
 
-  // Series for `models` (attnserve_model_info is set now), not yet served over HTTP.
-  static std::unique_ptr<Metrics> Create(const std::vector<ModelLabels>& models);
+  // Metrics that record, with no model yet and not yet served over HTTP.
+  static std::unique_ptr<Metrics> Create();
 
   ~Metrics();
   Metrics(const Metrics&) = delete;
@@ -99,7 +99,13 @@ class Metrics {
   // PORT; port 0 picks one). Returns the bound port, or Unavailable when it cannot bind.
   absl::StatusOr<int> Serve(const std::string& listen);
 
-  // The handle of the model named `name`, or the one labelled "" for a name not served.
+  // Series for a served model, made once at start-up (before calls arrive); its handle.
+  ModelMetrics& AddModel(const std::string& name);
+
+  // Sets attnserve_model_info for a model (once it is loaded and its shapes are known).
+  void SetModelInfo(const ModelLabels& labels);
+
+  // The handle of the served model named `name`, or the one labelled "" for any other name.
   ModelMetrics& ForModel(absl::string_view name);
 
   // A Forward call arrived: attnserve_inflight_requests goes up until CallAnswered.
@@ -119,13 +125,13 @@ class Metrics {
   struct Families;
 
   explicit Metrics(bool enabled);
-  void AddModel(const ModelLabels& labels);
 
   const bool enabled_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> process_;  // process_* figures
   std::unique_ptr<Families> families_;
-  std::vector<std::unique_ptr<ModelMetrics>> models_;  // served models, then the "" one
+  std::vector<std::unique_ptr<ModelMetrics>> models_;  // served models
+  std::unique_ptr<ModelMetrics> unknown_;              // the "" one
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

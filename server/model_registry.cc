@@ -25,10 +25,12 @@ absl::StatusOr<std::shared_ptr<const core::Layer>> LoadLayer(const ModelConfig& 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Load(
-    const std::vector<ModelConfig>& configs, const SchedulerOptions& scheduler_options) {
+    const std::vector<ModelConfig>& configs, const SchedulerOptions& scheduler_options,
+    int compute_threads, CallReporter* reporter) {
   std::vector<ModelConfig> wanted = configs;
   if (wanted.empty()) wanted.emplace_back().name = "demo";
   std::unique_ptr<ModelRegistry> registry(new ModelRegistry);
+  registry->executor_ = std::make_unique<ComputeExecutor>(compute_threads);
   for (const ModelConfig& config : wanted) {
     absl::StatusOr<std::shared_ptr<const core::Layer>> layer = LoadLayer(config);
     if (!layer.ok()) {
@@ -40,7 +42,7 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Load(
     model->source = config.path;
     model->layer = *std::move(layer);
     model->scheduler = std::make_unique<Scheduler>(model->name, model->layer, scheduler_options,
-                                                   &registry->compute_mutex_);
+                                                   registry->executor_.get(), reporter);
     registry->models_.push_back(std::move(model));
   }
   return registry;
@@ -64,7 +66,7 @@ int ModelRegistry::pending() const {
   return total;
 }
 
-void ModelRegistry::Drain(std::chrono::steady_clock::time_point deadline) {
+void ModelRegistry::Drain(Clock::time_point deadline) {
   // Every queue closes first, so all models drain at once rather than one after another.
   for (const auto& model : models_) model->scheduler->Close(deadline);
   for (const auto& model : models_) model->scheduler->Join();

@@ -2,13 +2,14 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/layer.h"
+#include "server/call_reporter.h"
+#include "server/compute_executor.h"
 #include "server/options.h"
 #include "server/scheduler.h"
 
@@ -25,10 +26,13 @@ struct ServedModel {
 // The models of one server, loaded once at start-up and fixed after.
 class ModelRegistry {
  public:
-  // Loads every model (the demo layer, named "demo", when `configs` is empty). The first model
-  // that fails stops the loading with the loader's message, prefixed by the model's name.
+  // Loads every model (the demo layer, named "demo", when `configs` is empty), each with its
+  // scheduler on one compute executor of `compute_threads` (0: every core); answers go through
+  // `reporter`, which outlives the registry. The first model that fails stops the loading with
+  // the loader's message, prefixed by the model's name.
   static absl::StatusOr<std::unique_ptr<ModelRegistry>> Load(
-      const std::vector<ModelConfig>& configs, const SchedulerOptions& scheduler_options);
+      const std::vector<ModelConfig>& configs, const SchedulerOptions& scheduler_options,
+      int compute_threads, CallReporter* reporter);
 
   // The model a call names. An empty name means the only model; with several loaded it is
   // InvalidArgument, and an unknown name NotFound, both listing the models there are.
@@ -42,14 +46,13 @@ class ModelRegistry {
 
   // Drains every scheduler: queued and running calls finish (those still queued at `deadline`
   // are refused), new ones are refused.
-  void Drain(std::chrono::steady_clock::time_point deadline =
-                 std::chrono::steady_clock::time_point::max());
+  void Drain(Clock::time_point deadline = Clock::time_point::max());
 
  private:
   ModelRegistry() = default;
   std::string Names() const;
 
-  std::mutex compute_mutex_;  // one Forward at a time across models: each uses every core
+  std::unique_ptr<ComputeExecutor> executor_;  // declared first: outlives the schedulers
   std::vector<std::unique_ptr<ServedModel>> models_;
 };
 

@@ -97,6 +97,9 @@ absl::Status CheckOptions(const ServerOptions& options) {
   if (options.max_batch_tokens < 0) {
     return absl::InvalidArgumentError("--max-batch-tokens must be >= 0");
   }
+  if (options.max_queue_delay_us < 0 || options.max_queue_delay_us > 10'000'000) {
+    return absl::InvalidArgumentError("--max-queue-delay-us must be in 0..10000000 (10 s)");
+  }
   if (options.compute_threads < 0 || options.grpc_threads < 0) {
     return absl::InvalidArgumentError("--threads and --grpc-threads must be >= 0");
   }

@@ -40,7 +40,8 @@ struct ServerOptions {
   int grpc_threads = 0;                  // cap on gRPC's threads; 0: gRPC's default
   int max_message_mib = 64;              // largest request or response
   int max_queue = 128;                   // calls waiting per model before RESOURCE_EXHAUSTED
-  int64_t max_batch_tokens = 4096;       // dynamic batching budget per run; 0: no batching
+  int64_t max_batch_tokens = 4096;       // dynamic batching: token target per run; 0: none
+  int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
 };
 
 // Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'

@@ -1,115 +1,117 @@
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "core/layer.h"
-#include "server/forward_codec.h"
+#include "server/call_reporter.h"
+#include "server/job.h"
 
 namespace attnserve::server {
 
-// How a job's compute went, for its log line: zeros for a job answered without compute.
-struct RunInfo {
-  int batch_size = 0;       // calls that shared the compute run (dynamic batching)
-  double compute_ms = 0.0;  // wall time of the run's Layer::Forward
-};
+class ComputeExecutor;
 
-// One accepted call waiting for compute. The scheduler calls Finish exactly once, from its
-// worker thread (or from Submit when the call is refused), and destroys the job after it.
-class Job {
- public:
-  virtual ~Job() = default;
-
-  // The call's decoded, validated arguments.
-  virtual const core::ForwardArgs& args() const = 0;
-
-  // Why the call must not be computed any more (deadline passed, cancelled), or OK.
-  virtual absl::Status CheckAlive() const = 0;
-
-  // Buffers for the results, sized from `shapes`, zero-filled; made only when compute starts
-  // so queued calls hold no output memory.
-  virtual ForwardBuffers Buffers(const core::ForwardShapes& shapes) = 0;
-
-  // Answers the call.
-  virtual void Finish(const absl::Status& status, const RunInfo& run) = 0;
-};
-
-// How a scheduler queues and batches.
+// How a model's queue admits and batches.
 struct SchedulerOptions {
-  int max_queue = 128;              // queued jobs before Submit refuses with ResourceExhausted
-  int64_t max_batch_tokens = 4096;  // tokens (input + context) one merged run may hold; 0: off
-  int compute_threads = 0;          // OpenMP threads of the worker; 0: the default (every core)
+  int max_queue = 128;              // calls queued (or being decoded) before ResourceExhausted
+  int64_t max_batch_tokens = 4096;  // tokens (input + context) a merged run aims at; 0: no merging
+  // How long the oldest queued call may wait for others to merge with before its run starts,
+  // unless max_batch_tokens are queued sooner (Triton's max_queue_delay_microseconds); 0: runs
+  // start as soon as the executor is free, merging only the calls already waiting.
+  std::chrono::microseconds max_queue_delay{0};
 };
 
-// A model's queue and its worker thread, which runs Layer::Forward (oneDNN uses every core
-// inside it) and answers the calls. Queued calls that ask for the same kind and no attention
-// are merged into one packed ragged batch (dynamic batching): one set of larger matmuls
-// instead of many small ones, at no added latency since only calls already waiting are taken.
+// One model's queue and batching policy. It holds only live calls: a call whose caller leaves is
+// answered and removed at once. When the compute executor gives this model its turn, the queued
+// calls that ask for the same kind and no attention are merged into one packed ragged batch (one
+// set of larger matmuls instead of many small ones), read in place from each call's request.
 class Scheduler {
  public:
-  // `compute_mutex` is shared by every model's scheduler so that two Forward calls never
-  // fight over the same cores.
+  // `executor` and `reporter` outlive the scheduler; the scheduler registers with the executor.
   Scheduler(std::string model_name, std::shared_ptr<const core::Layer> layer,
-            SchedulerOptions options, std::mutex* compute_mutex);
+            SchedulerOptions options, ComputeExecutor* executor, CallReporter* reporter);
+  // Drains (answers every queued call) and leaves the executor.
   ~Scheduler();
 
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues `job`; when the queue is full (ResourceExhausted) or closed (Unavailable) the job is
-  // finished with that status instead. Never blocks on compute.
-  void Submit(std::unique_ptr<Job> job);
+  const std::string& model_name() const { return model_name_; }
 
-  // Refuses new jobs from now on; jobs still queued after `deadline` are answered Unavailable
-  // instead of computed. Returns at once: Join waits for the worker.
-  void Close(std::chrono::steady_clock::time_point deadline =
-                 std::chrono::steady_clock::time_point::max());
+  // Holds a queue place for a call about to be decoded, so a full queue is found before any
+  // work is spent on the call: Unavailable once closed, ResourceExhausted when full. The place
+  // is used by Submit or given back by Release.
+  absl::Status Reserve();
+  void Release();
 
-  // Waits until every queued and running job is answered and the worker has stopped (after
-  // Close).
+  // Queues `job`, which holds a place from Reserve and has been decoded and validated. Never
+  // blocks on compute.
+  void Submit(Job* job);
+
+  // Answers `job` (Cancelled or DeadlineExceeded) and frees its place, if it is still queued;
+  // does nothing otherwise (it is running or answered).
+  void Cancel(Job* job);
+
+  // Refuses new calls from now on; calls still queued after `deadline` are answered Unavailable
+  // instead of computed. Returns at once: Join waits.
+  void Close(Clock::time_point deadline = Clock::time_point::max());
+
+  // Waits until every queued and running call is answered (after Close).
   void Join();
 
-  // Close and Join: refuses new jobs, lets every queued and running one finish.
-  void Drain(std::chrono::steady_clock::time_point deadline =
-                 std::chrono::steady_clock::time_point::max()) {
+  // Close and Join.
+  void Drain(Clock::time_point deadline = Clock::time_point::max()) {
     Close(deadline);
     Join();
   }
 
-  // Jobs accepted and not yet answered: queued or running.
-  int pending() const { return pending_.load(); }
+  // Calls queued or running.
+  int pending() const;
+
+  // The executor's side. When this model next has a run ready: a time <= now when it has one,
+  // later while the delay window is open, max() when nothing is queued.
+  Clock::time_point ReadyAt(Clock::time_point now) const;
+
+  // Takes the calls of the next run (possibly none), answering dead ones on the way, and runs
+  // them: Layer::Forward on the calling (executor) thread, then every call is answered.
+  void RunNext(Clock::time_point now);
 
  private:
-  void WorkerLoop();
-  std::vector<std::unique_ptr<Job>> TakeBatchLocked();
-  void RunBatch(std::vector<std::unique_ptr<Job>> jobs);
-  // Both answer each job and reset its pointer, so a throw leaves only the unanswered ones.
-  void RunOne(std::unique_ptr<Job>& job);
-  void RunMerged(std::vector<std::unique_ptr<Job>>& jobs);
+  struct Queued {
+    Job* job;
+    int64_t tokens;
+  };
+
+  std::vector<Job*> TakeLocked(Clock::time_point now, std::vector<Job*>* dead,
+                               std::vector<Job*>* expired);
+  void Run(const std::vector<Job*>& jobs);
+  void RunOne(Job* job, RunInfo run);
+  void RunMerged(const std::vector<Job*>& jobs, RunInfo run);
+  void Answer(Job* job, const absl::Status& status, const RunInfo& run = {});
+  void Finished(int count);
 
   const std::string model_name_;
   const std::shared_ptr<const core::Layer> layer_;
   const SchedulerOptions options_;
-  std::mutex* const compute_mutex_;
+  ComputeExecutor* const executor_;
+  CallReporter* const reporter_;
+  ModelMetrics& metrics_;  // this model's queue depth, waits and compute runs
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<Job>> queue_;  // guarded by mu_
-  bool closed_ = false;                     // guarded by mu_
-  std::chrono::steady_clock::time_point drain_deadline_ =
-      std::chrono::steady_clock::time_point::max();  // guarded by mu_
-  std::atomic<int> pending_{0};
-  std::thread worker_;
+  std::condition_variable idle_cv_;  // pending_ reached 0
+  std::deque<Queued> queue_;         // guarded by mu_
+  int64_t queued_tokens_ = 0;        // guarded by mu_
+  int reserved_ = 0;                 // guarded by mu_: places held by calls being decoded
+  int running_ = 0;                  // guarded by mu_
+  bool closed_ = false;              // guarded by mu_
+  Clock::time_point drain_deadline_ = Clock::time_point::max();  // guarded by mu_
 };
 
 }  // namespace attnserve::server

@@ -6,7 +6,6 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/runtime_info.h"
@@ -16,6 +15,7 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/forward_codec.h"
 #include "server/logging.h"
 #include "server/metrics.h"
 
@@ -41,6 +41,37 @@ absl::Status WritePortFile(const std::string& path, int port) {
   return absl::OkStatus();
 }
 
+// The fields of `info` as log fields under their proto names, so the start-up log says what
+// ListModels says without listing the fields again; kinds as core spells them.
+std::vector<LogField> FieldsOf(const v1::ModelInfo& info) {
+  const google::protobuf::Descriptor* descriptor = info.GetDescriptor();
+  const google::protobuf::Reflection* reflection = info.GetReflection();
+  std::vector<LogField> fields;
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    if (field->number() == v1::ModelInfo::kKindsFieldNumber) {
+      std::vector<std::string> kinds;
+      for (int kind : info.kinds()) {
+        absl::StatusOr<core::AttentionKind> core_kind = KindFromProto(kind);
+        if (core_kind.ok()) kinds.emplace_back(core::KindName(*core_kind));
+      }
+      fields.emplace_back(field->name(), absl::StrJoin(kinds, ","));
+      continue;
+    }
+    switch (field->cpp_type()) {
+      case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
+        fields.emplace_back(field->name(), reflection->GetInt32(info, field));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
+        fields.emplace_back(field->name(), reflection->GetBool(info, field));
+        break;
+      default:
+        fields.emplace_back(field->name(), reflection->GetString(info, field));
+    }
+  }
+  return fields;
+}
+
 void SetHealth(grpc::Server* server, bool serving) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health == nullptr) return;
@@ -53,11 +84,15 @@ void SetHealth(grpc::Server* server, bool serving) {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   if (absl::Status status = CheckOptions(options); !status.ok()) return status;
   std::unique_ptr<Server> server(new Server);
-  const SchedulerOptions scheduler_options{.max_queue = options.max_queue,
-                                           .max_batch_tokens = options.max_batch_tokens,
-                                           .compute_threads = options.compute_threads};
-  absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
-      ModelRegistry::Load(options.models, scheduler_options);
+  const SchedulerOptions scheduler_options{
+      .max_queue = options.max_queue,
+      .max_batch_tokens = options.max_batch_tokens,
+      .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us)};
+  server->metrics_ =
+      MetricsOff(options.metrics_listen) ? Metrics::Disabled() : Metrics::Create();
+  server->reporter_ = std::make_unique<CallReporter>(server->metrics_.get());
+  absl::StatusOr<std::unique_ptr<ModelRegistry>> registry = ModelRegistry::Load(
+      options.models, scheduler_options, options.compute_threads, server->reporter_.get());
   if (!registry.ok()) return registry.status();
   server->registry_ = *std::move(registry);
   if (absl::Status status = server->StartMetrics(options); !status.ok()) {
@@ -66,7 +101,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
 
   const int64_t max_bytes = int64_t{options.max_message_mib} << 20;
-  server->service_ = std::make_unique<AttentionService>(server->registry_.get(), max_bytes);
+  server->admission_ = std::make_unique<Admission>(server->registry_.get(),
+                                                   server->reporter_.get(), max_bytes);
+  server->service_ = std::make_unique<AttentionService>(server->admission_.get());
 
   // Both process-wide switches must be set before the builder is made.
   grpc::EnableDefaultHealthCheckService(true);
@@ -112,33 +149,31 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
   Log(LogLevel::kInfo, "shutting down: draining calls", {{"address", address_}});
   // Load balancers first, so they stop sending; then refuse what still arrives.
   SetHealth(grpc_server_.get(), false);
-  service_->StopAccepting();
+  admission_->StopAccepting();
   registry_->Drain(start + grace);
   std::this_thread::sleep_until(start + lame_duck);
   // Every accepted call is answered by now; gRPC only has replies to flush. It would otherwise
   // wait out the whole grace for idle client connections to close.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::min(grace, kFlushTime));
   grpc_server_->Wait();
+  // main exits without destructors: what the summaries still count is written now.
+  reporter_->FlushLog();
+  FlushLibraryLogs();
   Log(LogLevel::kInfo, "stopped", {{"address", address_}});
 }
 
 absl::Status Server::StartMetrics(const ServerOptions& options) {
-  if (MetricsOff(options.metrics_listen)) {
-    metrics_ = Metrics::Disabled();
-    return absl::OkStatus();
-  }
-  std::vector<ModelLabels> labels;
+  if (MetricsOff(options.metrics_listen)) return absl::OkStatus();
   for (const auto& model : registry_->models()) {
     const core::LayerSpec& spec = model->layer->spec();
-    labels.push_back({.name = model->name,
-                      .layout = std::string(core::LayoutName(spec.layout)),
-                      .precision = std::string(core::PrecisionName(model->layer->precision())),
-                      .d_model = spec.d_model,
-                      .d_context = spec.d_context,
-                      .num_heads = spec.num_heads,
-                      .head_dim = spec.head_dim});
+    metrics_->SetModelInfo({.name = model->name,
+                            .layout = std::string(core::LayoutName(spec.layout)),
+                            .precision = std::string(core::PrecisionName(model->layer->precision())),
+                            .d_model = spec.d_model,
+                            .d_context = spec.d_context,
+                            .num_heads = spec.num_heads,
+                            .head_dim = spec.head_dim});
   }
-  metrics_ = Metrics::Create(labels);
   absl::StatusOr<int> port = metrics_->Serve(options.metrics_listen);
   if (port.ok()) {
     metrics_port_ = *port;
@@ -167,23 +202,7 @@ void Server::LogSummary(const ServerOptions& options) const {
        {"max_queue", options.max_queue},
        {"max_batch_tokens", options.max_batch_tokens}});
   for (const auto& model : registry_->models()) {
-    const v1::ModelInfo info = DescribeModel(*model);
-    std::vector<std::string> kinds;
-    for (int kind : info.kinds()) {
-      kinds.push_back(absl::AsciiStrToLower(v1::AttentionKind_Name(kind).substr(15)));
-    }
-    Log(LogLevel::kInfo, "model loaded",
-        {{"name", info.name()},
-         {"source", info.source()},
-         {"layout", info.layout()},
-         {"d_model", info.d_model()},
-         {"d_context", info.d_context()},
-         {"num_heads", info.num_heads()},
-         {"head_dim", info.head_dim()},
-         {"bias", info.has_bias()},
-         {"output_projection", info.has_output_projection()},
-         {"precision", info.precision()},
-         {"kinds", absl::StrJoin(kinds, ",")}});
+    Log(LogLevel::kInfo, "model loaded", FieldsOf(DescribeModel(*model)));
   }
 }
 

@@ -7,7 +7,9 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
+#include "server/admission.h"
 #include "server/attention_service.h"
+#include "server/call_reporter.h"
 #include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/options.h"
@@ -59,7 +61,9 @@ class Server {
   // Declared first: the schedulers and the service record into it until they are gone.
   std::unique_ptr<Metrics> metrics_;
   int metrics_port_ = 0;
+  std::unique_ptr<CallReporter> reporter_;
   std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<Admission> admission_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

@@ -38,6 +38,16 @@ std::vector<ModelLabels> TwoModels() {
            .head_dim = 64}};
 }
 
+// Metrics for the two models, each added and described as the server does at start-up.
+std::unique_ptr<Metrics> TwoModelMetrics() {
+  std::unique_ptr<Metrics> metrics = Metrics::Create();
+  for (const ModelLabels& labels : TwoModels()) {
+    metrics->AddModel(labels.name);
+    metrics->SetModelInfo(labels);
+  }
+  return metrics;
+}
+
 // The value of `key`, or -1 when the scrape does not hold it.
 double Value(const std::map<std::string, double>& samples, const std::string& key) {
   auto it = samples.find(key);
@@ -45,7 +55,7 @@ double Value(const std::map<std::string, double>& samples, const std::string& ke
 }
 
 TEST(MetricsTest, ScrapeReadsBackWhatWasRecorded) {
-  std::unique_ptr<Metrics> metrics = Metrics::Create(TwoModels());
+  std::unique_ptr<Metrics> metrics = TwoModelMetrics();
   absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
   ModelMetrics& enc = metrics->ForModel("enc");
@@ -55,9 +65,9 @@ TEST(MetricsTest, ScrapeReadsBackWhatWasRecorded) {
   metrics->CallAnswered(enc, core::AttentionKind::kCausalCross, absl::StatusCode::kOk, 5, 30e-6);
   metrics->CallAnswered(metrics->ForModel("no-such-model"), std::nullopt,
                         absl::StatusCode::kNotFound, 0, 1e-4);
-  enc.Queued();
-  enc.Queued();
-  enc.Dequeued(7e-4);
+  enc.SetQueueDepth(2);
+  enc.SetQueueDepth(1);
+  enc.QueueWait(7e-4);
   enc.ComputeRun(3, 48, 3e-3);
 
   absl::StatusOr<std::map<std::string, double>> s = Scrape(*port);
@@ -121,7 +131,7 @@ TEST(MetricsTest, ScrapeReadsBackWhatWasRecorded) {
 }
 
 TEST(MetricsTest, ProcessFiguresComeFromProc) {
-  std::unique_ptr<Metrics> metrics = Metrics::Create(TwoModels());
+  std::unique_ptr<Metrics> metrics = TwoModelMetrics();
   absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
   // Two more descriptors than before must show in process_open_fds.
@@ -146,7 +156,7 @@ TEST(MetricsTest, ProcessFiguresComeFromProc) {
 }
 
 TEST(MetricsTest, CodesPastGrpcsAreInternalAsOnTheWire) {
-  std::unique_ptr<Metrics> metrics = Metrics::Create(TwoModels());
+  std::unique_ptr<Metrics> metrics = TwoModelMetrics();
   absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
   metrics->CallArrived();
@@ -161,7 +171,7 @@ TEST(MetricsTest, CodesPastGrpcsAreInternalAsOnTheWire) {
 }
 
 TEST(MetricsTest, SeriesMadeByRacingThreadsCountEveryCall) {
-  std::unique_ptr<Metrics> metrics = Metrics::Create(TwoModels());
+  std::unique_ptr<Metrics> metrics = TwoModelMetrics();
   absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
   constexpr int kThreads = 4;
@@ -190,7 +200,7 @@ TEST(MetricsTest, SeriesMadeByRacingThreadsCountEveryCall) {
 }
 
 TEST(MetricsTest, ServesOnlyMetricsPath) {
-  std::unique_ptr<Metrics> metrics = Metrics::Create(TwoModels());
+  std::unique_ptr<Metrics> metrics = TwoModelMetrics();
   absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
   EXPECT_EQ(testing::HttpGet(*port, "/").status().code(), absl::StatusCode::kNotFound);
@@ -198,21 +208,22 @@ TEST(MetricsTest, ServesOnlyMetricsPath) {
 }
 
 TEST(MetricsTest, BusyPortIsUnavailable) {
-  std::unique_ptr<Metrics> first = Metrics::Create(TwoModels());
+  std::unique_ptr<Metrics> first = TwoModelMetrics();
   absl::StatusOr<int> port = first->Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
-  std::unique_ptr<Metrics> second = Metrics::Create(TwoModels());
+  std::unique_ptr<Metrics> second = TwoModelMetrics();
   absl::StatusOr<int> again = second->Serve("127.0.0.1:" + std::to_string(*port));
   EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable) << again.status();
 }
 
 TEST(MetricsTest, DisabledRecordsNothingAndServesNothing) {
   std::unique_ptr<Metrics> metrics = Metrics::Disabled();
-  ModelMetrics& model = metrics->ForModel("enc");
+  ModelMetrics& model = metrics->AddModel("enc");
+  metrics->SetModelInfo(TwoModels().front());
   metrics->CallArrived();
   metrics->CallAnswered(model, core::AttentionKind::kCausal, absl::StatusCode::kOk, 3, 1e-4);
-  model.Queued();
-  model.Dequeued(1e-4);
+  model.SetQueueDepth(1);
+  model.QueueWait(1e-4);
   model.ComputeRun(1, 3, 1e-4);
   EXPECT_EQ(metrics->Serve("127.0.0.1:0").status().code(),
             absl::StatusCode::kFailedPrecondition);

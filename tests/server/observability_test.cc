@@ -181,8 +181,8 @@ TEST(LogAbuseTest, AFloodOfBadCallsLeavesFewJsonLines) {
   }
   for (int i = 0; i < 50; ++i) ++seen[RawCall(channel, "\xff\xff\xff garbage " + std::to_string(i))];
   EXPECT_EQ(seen[grpc::StatusCode::OK], 0);
-  EXPECT_EQ(seen[grpc::StatusCode::NOT_FOUND], 50);
-  EXPECT_GE(seen[grpc::StatusCode::INVALID_ARGUMENT], 100);
+  EXPECT_GE(seen[grpc::StatusCode::NOT_FOUND], 50);
+  EXPECT_GE(seen[grpc::StatusCode::INVALID_ARGUMENT], 150);
 
   child.Signal(SIGTERM);
   EXPECT_EQ(child.Wait(seconds(20)), 0);
@@ -201,10 +201,11 @@ TEST(LogAbuseTest, AFloodOfBadCallsLeavesFewJsonLines) {
   // Start-up, shutdown, and at most a couple of lines per code and per library source line;
   // 300 lines would be one per call.
   EXPECT_LE(count, 30) << output;
-  // Refusals are counted, not dropped: the summaries add up to what the client saw.
-  EXPECT_EQ(counted["NOT_FOUND"], 50) << output;
-  EXPECT_GE(counted["INVALID_ARGUMENT"], 100) << output;
-  EXPECT_LE(counted["INVALID_ARGUMENT"], seen[grpc::StatusCode::INVALID_ARGUMENT]) << output;
+  // Refusals are counted, not dropped: per code, the summaries add up to what the client saw.
+  for (const auto& [code, calls] : seen) {
+    const std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+    EXPECT_EQ(counted[name], calls) << name << "\n" << output;
+  }
 }
 
 }  // namespace

@@ -4,12 +4,13 @@ Prometheus's HTTP API must then return the series the calls made.
 
   prometheus_test.py ATTNSERVE ATTNSERVE_CLIENT
 
-Calls: 12 OK Forward calls (1x16, bidirectional, from attnserve-client bench) and 3 for a model
-the server does not have. Expected, as Prometheus answers it:
+Calls, each an `attnserve-client infer` whose exit status is checked: 12 Forward calls (1x16,
+bidirectional, demo layer) and 3 for a model the server does not have; then 12 more once
+Prometheus holds the series, since a rate needs growth between scrapes. Expected:
   attnserve_requests_total{code="OK"}        one series {model="demo", kind="bidirectional"}: 12
   attnserve_requests_total{code="NOT_FOUND"} one series {model="", kind=""}: 3
   attnserve_tokens_total                     12 * 16
-  rate(attnserve_requests_total{code="OK"}[1m]) one series, > 0
+  then attnserve_requests_total{code="OK"} 24, and its rate(...[1m]) one series > 0
   up{job="attnserve"}                        1
 """
 
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import struct
 import urllib.request
 
 OK_CALLS = 12
@@ -33,6 +35,18 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def write_npy(path, shape):
+    """A float32 .npy of ones (format 1.0), without needing numpy."""
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple(shape)}, }}"
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    count = 1
+    for d in shape:
+        count *= d
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(struct.pack(f"<{count}f", *([1.0] * count)))
 
 
 def wait_for(what, check, timeout=60):
@@ -68,6 +82,19 @@ def one_series(prom_port, promql, value_ok):
     return wait_for(f"{promql} (one series)", check)
 
 
+def infer(client_bin, target, model, npy, out):
+    """One Forward call from the bundled client; its exit status (the gRPC code)."""
+    return subprocess.run([client_bin, "--target", target, "infer", "--model", model,
+                           "--input", npy, "--output", out], capture_output=True).returncode
+
+
+def ok_calls(client_bin, target, npy, out):
+    for _ in range(OK_CALLS):
+        code = infer(client_bin, target, "demo", npy, out)
+        if code != 0:
+            sys.exit(f"FAIL: a Forward call exited {code}")
+
+
 def main():
     server_bin, client_bin = sys.argv[1], sys.argv[2]
     prometheus = shutil.which("prometheus")
@@ -100,17 +127,14 @@ def main():
              f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=prom_log, stderr=subprocess.STDOUT))
 
-        bench = subprocess.run(
-            [client_bin, "--target", target, "bench", "--random", f"1,{TOKENS}", "-c", "2",
-             "--duration", "0", "-n", str(OK_CALLS), "--warmup", "0"],
-            capture_output=True, text=True)
-        if bench.returncode != 0:
-            sys.exit(f"FAIL: bench exited {bench.returncode}: {bench.stdout}{bench.stderr}")
+        npy = os.path.join(work, "input.npy")
+        out = os.path.join(work, "output.npy")
+        write_npy(npy, (1, TOKENS, 256))
+        ok_calls(client_bin, target, npy, out)
         for _ in range(NOT_FOUND_CALLS):
-            infer = subprocess.run([client_bin, "--target", target, "infer", "--model", "nope",
-                                    "--random", "1,4"], capture_output=True, text=True)
-            if infer.returncode != 5:  # NOT_FOUND
-                sys.exit(f"FAIL: infer for a missing model exited {infer.returncode}")
+            code = infer(client_bin, target, "nope", npy, out)
+            if code != 5:  # NOT_FOUND
+                sys.exit(f"FAIL: a call for a missing model exited {code}")
 
         one_series(prom_port, 'up{job="attnserve"}', lambda v: v == 1)
         ok = one_series(prom_port, 'attnserve_requests_total{code="OK"}', lambda v: v == OK_CALLS)
@@ -123,9 +147,12 @@ def main():
         if missing["metric"].get("model", "") != "" or missing["metric"].get("kind", "") != "":
             sys.exit(f"FAIL: a missing model became a label: {missing['metric']}")
         one_series(prom_port, 'attnserve_tokens_total', lambda v: v == OK_CALLS * TOKENS)
+        # A rate needs the counter to grow between two scrapes: more calls, after the first.
+        ok_calls(client_bin, target, npy, out)
+        one_series(prom_port, 'attnserve_requests_total{code="OK"}', lambda v: v == 2 * OK_CALLS)
         one_series(prom_port, 'rate(attnserve_requests_total{code="OK"}[1m])', lambda v: v > 0)
         one_series(prom_port, 'sum(attnserve_request_duration_seconds_count)',
-                   lambda v: v == OK_CALLS + NOT_FOUND_CALLS)
+                   lambda v: v == 2 * OK_CALLS + NOT_FOUND_CALLS)
         one_series(prom_port, 'process_resident_memory_bytes', lambda v: v > 0)
         print("OK: Prometheus scraped attnserve and PromQL returned the expected series")
     finally:
