@@ -29,6 +29,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libdnnl2 ocl-icd-libopencl1 libgomp1 \
       libgrpc++1.51 libprotobuf32 libspdlog1.10 libfmt9 \
+      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
  && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin attnserve \
  && mkdir /models
@@ -36,7 +37,7 @@ COPY --from=build /build/server/attnserve /build/client/attnserve-client /usr/lo
 USER 10001:10001
 # Weights are mounted here (read-only is enough); without --model the demo layer is served.
 WORKDIR /models
-EXPOSE 50051
+EXPOSE 50051 8002
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
   CMD ["attnserve-client", "--target", "127.0.0.1:50051", "--timeout", "3", "health"]
 ENTRYPOINT ["attnserve"]

@@ -17,6 +17,7 @@ packages=(
 )
 # What only the test suites need (deploy/test.sh); one group per suite.
 test_packages=(
+  prometheus                                    # prometheus_scrape: a real Prometheus scrapes attnserve
 )
 [[ "${1:-}" == "--test" ]] && packages+=("${test_packages[@]}")
 # Debian's torch calls the system BLAS; without OpenBLAS that is netlib's reference BLAS (~1 GFLOP/s),
