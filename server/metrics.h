@@ -95,8 +95,8 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // Serves GET /metrics (Prometheus text format) on `listen` (HOST:PORT, [V6HOST]:PORT or
-  // PORT; port 0 picks one). Returns the bound port, or Unavailable when it cannot bind.
+  // Serves GET /metrics (Prometheus text format) on `listen` (HOST:PORT or [V6HOST]:PORT; port
+  // 0 picks one). Returns the bound port, or Unavailable when it cannot bind.
   absl::StatusOr<int> Serve(const std::string& listen);
 
   // Series for a served model, made once at start-up (before calls arrive); its handle.
