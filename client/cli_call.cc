@@ -65,7 +65,7 @@ absl::Status CheckSources(const SideFlags& side, bool wanted) {
   }
   if (!wanted && given > 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", side.name, " is only for the cross kinds (--kind cross|causal-cross)"));
+        absl::StrCat("--", side.name, " is only for the cross kinds (--kind cross|causal_cross)"));
   }
   return absl::OkStatus();
 }

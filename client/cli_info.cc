@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -10,12 +11,32 @@
 namespace attnserve::client {
 namespace {
 
-// "bidirectional,causal,cross" for a model's kinds.
-std::string KindList(const v1::ModelInfo& model) {
-  std::vector<absl::string_view> names;
-  for (int kind : model.kinds())
-    names.push_back(KindFlagName(static_cast<v1::AttentionKind>(kind)));
-  return absl::StrJoin(names, ",");
+// A model's fields in the order and under the names of the proto's ModelInfo, walked by
+// reflection: the table and the JSON print what the server describes without listing the
+// fields again. Kinds come as one comma-separated string of their command-line names.
+std::vector<std::pair<std::string, nlohmann::json>> Fields(const v1::ModelInfo& model) {
+  const google::protobuf::Descriptor* descriptor = model.GetDescriptor();
+  const google::protobuf::Reflection* reflection = model.GetReflection();
+  std::vector<std::pair<std::string, nlohmann::json>> fields;
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    nlohmann::json value;
+    if (field->number() == v1::ModelInfo::kKindsFieldNumber) {
+      std::vector<absl::string_view> names;
+      for (int kind : model.kinds()) {
+        names.push_back(KindFlagName(static_cast<v1::AttentionKind>(kind)));
+      }
+      value = absl::StrJoin(names, ",");
+    } else if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT32) {
+      value = reflection->GetInt32(model, field);
+    } else if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL) {
+      value = reflection->GetBool(model, field);
+    } else {
+      value = reflection->GetString(model, field);
+    }
+    fields.emplace_back(field->name(), std::move(value));
+  }
+  return fields;
 }
 
 // Prints rows as columns as wide as their widest cell (layout names and paths vary a lot).
@@ -36,14 +57,17 @@ void PrintColumns(const std::vector<std::vector<std::string>>& rows) {
 }
 
 void PrintTable(const std::vector<v1::ModelInfo>& models) {
-  std::vector<std::vector<std::string>> rows = {{"NAME", "D_MODEL", "D_CONTEXT", "HEADS",
-                                                 "HEAD_DIM", "LAYOUT", "BIAS", "OUT_PROJ",
-                                                 "PRECISION", "KINDS", "SOURCE"}};
+  std::vector<std::vector<std::string>> rows(1);
+  for (const auto& [name, value] : Fields(v1::ModelInfo())) {
+    rows[0].push_back(absl::AsciiStrToUpper(name));
+  }
   for (const v1::ModelInfo& m : models) {
-    rows.push_back({m.name(), absl::StrCat(m.d_model()), absl::StrCat(m.d_context()),
-                    absl::StrCat(m.num_heads()), absl::StrCat(m.head_dim()), m.layout(),
-                    m.has_bias() ? "yes" : "no", m.has_output_projection() ? "yes" : "no",
-                    m.precision(), KindList(m), m.source()});
+    std::vector<std::string>& row = rows.emplace_back();
+    for (const auto& [name, value] : Fields(m)) {
+      row.push_back(value.is_string() ? value.get<std::string>()
+                    : value.is_boolean() ? (value.get<bool>() ? "yes" : "no")
+                                         : value.dump());
+    }
   }
   PrintColumns(rows);
 }
@@ -51,17 +75,9 @@ void PrintTable(const std::vector<v1::ModelInfo>& models) {
 void PrintJson(const std::vector<v1::ModelInfo>& models) {
   nlohmann::json list = nlohmann::json::array();
   for (const v1::ModelInfo& m : models) {
-    list.push_back({{"name", m.name()},
-                    {"d_model", m.d_model()},
-                    {"d_context", m.d_context()},
-                    {"num_heads", m.num_heads()},
-                    {"head_dim", m.head_dim()},
-                    {"layout", m.layout()},
-                    {"has_bias", m.has_bias()},
-                    {"has_output_projection", m.has_output_projection()},
-                    {"precision", m.precision()},
-                    {"kinds", KindList(m)},
-                    {"source", m.source()}});
+    nlohmann::json object = nlohmann::json::object();
+    for (auto& [name, value] : Fields(m)) object[name] = std::move(value);
+    list.push_back(std::move(object));
   }
   std::cout << list.dump(2) << "\n";
 }

@@ -21,7 +21,7 @@ using attnserve::client::RunModels;
 void AddCallFlags(CLI::App* command, CallFlags& f) {
   command->add_option("--model", f.model, "Model name (default: the server's only model)");
   command->add_option("--kind", f.kind, "Attention kind")
-      ->check(CLI::IsMember({"bidirectional", "causal", "cross", "causal-cross"}))
+      ->check(CLI::IsMember(attnserve::client::KindNameList()))
       ->capture_default_str();
   command->add_option("--input", f.input, "Input .npy: [B,S,d_model] padded or [T,d_model] packed");
   command->add_option("--random", f.random, "Random input of shape B,S (width from the model)");

@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/layer_spec.h"
 
 namespace attnserve::client {
 
@@ -44,28 +46,40 @@ absl::StatusOr<FloatArray> DecodeTensor(const v1::Tensor& tensor) {
   return array;
 }
 
+// The wire enum lists the kinds in core's order from 1 (0 is UNSPECIFIED), so the one table of
+// names, core's, serves the command line too.
+static_assert(v1::ATTENTION_KIND_BIDIRECTIONAL ==
+              static_cast<int>(core::AttentionKind::kBidirectional) + 1);
+static_assert(v1::ATTENTION_KIND_CAUSAL == static_cast<int>(core::AttentionKind::kCausal) + 1);
+static_assert(v1::ATTENTION_KIND_CROSS == static_cast<int>(core::AttentionKind::kCross) + 1);
+static_assert(v1::ATTENTION_KIND_CAUSAL_CROSS ==
+              static_cast<int>(core::AttentionKind::kCausalCross) + 1);
+
 absl::StatusOr<v1::AttentionKind> ParseKind(absl::string_view name) {
-  if (name == "bidirectional") return v1::ATTENTION_KIND_BIDIRECTIONAL;
-  if (name == "causal") return v1::ATTENTION_KIND_CAUSAL;
-  if (name == "cross") return v1::ATTENTION_KIND_CROSS;
-  if (name == "causal-cross") return v1::ATTENTION_KIND_CAUSAL_CROSS;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown kind '", name, "': expected bidirectional, causal, cross or causal-cross"));
+  const std::optional<core::AttentionKind> kind = core::KindFromName(std::string_view(name.data(), name.size()));
+  if (!kind) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown kind '", name, "': expected ", KindNames(", ")));
+  }
+  return static_cast<v1::AttentionKind>(static_cast<int>(*kind) + 1);
 }
 
 absl::string_view KindFlagName(v1::AttentionKind kind) {
-  switch (kind) {
-    case v1::ATTENTION_KIND_BIDIRECTIONAL:
-      return "bidirectional";
-    case v1::ATTENTION_KIND_CAUSAL:
-      return "causal";
-    case v1::ATTENTION_KIND_CROSS:
-      return "cross";
-    case v1::ATTENTION_KIND_CAUSAL_CROSS:
-      return "causal-cross";
-    default:
-      return "unspecified";
+  if (kind < v1::ATTENTION_KIND_BIDIRECTIONAL || kind > v1::ATTENTION_KIND_CAUSAL_CROSS) {
+    return "unspecified";
   }
+  const std::string_view name = core::KindName(static_cast<core::AttentionKind>(kind - 1));
+  return absl::string_view(name.data(), name.size());
+}
+
+std::vector<std::string> KindNameList() {
+  std::vector<std::string> names;
+  for (core::AttentionKind kind : core::kAttentionKinds) names.emplace_back(core::KindName(kind));
+  return names;
+}
+
+std::string KindNames(absl::string_view separator) {
+  return absl::StrJoin(KindNameList(), separator);
 }
 
 absl::StatusOr<Encoding> ParseEncoding(absl::string_view name) {

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,11 +22,16 @@ absl::Status EncodeTensor(const FloatArray& array, Encoding encoding, v1::Tensor
 // Reads a wire Tensor in either encoding; INVALID_ARGUMENT when its data and shape disagree.
 absl::StatusOr<FloatArray> DecodeTensor(const v1::Tensor& tensor);
 
-// Parses a kind as the command line spells it: bidirectional, causal, cross, causal-cross.
+// Parses a kind as the command line spells it: bidirectional, causal, cross, causal_cross.
 absl::StatusOr<v1::AttentionKind> ParseKind(absl::string_view name);
 
 // The command-line spelling of a kind (the inverse of ParseKind).
 absl::string_view KindFlagName(v1::AttentionKind kind);
+
+// Every kind's name (core's spelling: bidirectional, causal, cross, causal_cross), for flag
+// checks and help, as a list and joined by `separator`.
+std::vector<std::string> KindNameList();
+std::string KindNames(absl::string_view separator);
 
 // Parses "raw" or "values".
 absl::StatusOr<Encoding> ParseEncoding(absl::string_view name);

@@ -16,6 +16,7 @@ class CallReporter {
  public:
   // Records into `metrics`, which outlives the reporter; null records nothing.
   explicit CallReporter(Metrics* metrics = nullptr);
+  virtual ~CallReporter() = default;
 
   // Where the schedulers record their queues and compute runs.
   Metrics& metrics() { return *metrics_; }
@@ -26,8 +27,8 @@ class CallReporter {
   // Answers `job` with `status`. `model` is the served model's name, or "" when the call named
   // none the server has (a client's text is never a label); `decoded` says whether job.args()
   // holds the call (false for calls refused before decoding).
-  void Answer(Job& job, absl::string_view model, bool decoded, const absl::Status& status,
-              const RunInfo& run);
+  virtual void Answer(Job& job, absl::string_view model, bool decoded, const absl::Status& status,
+                      const RunInfo& run);
 
   // Writes the failure counts not yet logged (at shutdown).
   void FlushLog() { failures_.Flush(); }

@@ -2,7 +2,6 @@
 
 #include <utility>
 
-
 namespace attnserve::server {
 
 LogSummarizer::LogSummarizer(std::chrono::milliseconds interval)
@@ -39,8 +38,7 @@ void LogSummarizer::WriteLocked(Pending& pending, std::chrono::steady_clock::tim
   fields.emplace_back("count", pending.count);
   if (pending.count > 1) {
     // The count covers the time since the key's previous line.
-    fields.emplace_back(
-        "seconds", std::chrono::duration<double>(now - pending.last_line).count());
+    fields.emplace_back("seconds", std::chrono::duration<double>(now - pending.last_line).count());
   }
   for (LogField& field : pending.example) fields.push_back(std::move(field));
   Log(pending.level, pending.message, fields);

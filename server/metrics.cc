@@ -93,8 +93,8 @@ class ProcessCollector : public prometheus::Collectable {
       Add(&out, "process_resident_memory_bytes", "Resident memory size, in bytes.",
           prometheus::MetricType::Gauge, std::stod(stat[21]) * page);
     }
-    Add(&out, "process_open_fds", "Number of open file descriptors.",
-        prometheus::MetricType::Gauge, OpenFds());
+    Add(&out, "process_open_fds", "Number of open file descriptors.", prometheus::MetricType::Gauge,
+        OpenFds());
     rlimit limit{};
     if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
       Add(&out, "process_max_fds", "Maximum number of open file descriptors.",
@@ -268,7 +268,8 @@ std::unique_ptr<Metrics> Metrics::Create() {
 }
 
 ModelMetrics& Metrics::AddModel(const std::string& name) {
-  models_.push_back(std::unique_ptr<ModelMetrics>(new ModelMetrics(enabled_ ? this : nullptr, name)));
+  models_.push_back(
+      std::unique_ptr<ModelMetrics>(new ModelMetrics(enabled_ ? this : nullptr, name)));
   return *models_.back();
 }
 

@@ -34,7 +34,6 @@ struct ModelConfig {
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // HOST:PORT; port 0 picks a free port
   std::string port_file;                 // when set, the bound HOST:PORT is written here
-  std::string metrics_listen = std::string(kDefaultMetricsListen);  // "" or "off": no metrics
   std::vector<ModelConfig> models;       // empty: the demo layer, named "demo"
   int compute_threads = 0;               // OpenMP threads per Forward; 0: every core
   int grpc_threads = 0;                  // cap on gRPC's threads; 0: gRPC's default
@@ -42,6 +41,8 @@ struct ServerOptions {
   int max_queue = 128;                   // calls waiting per model before RESOURCE_EXHAUSTED
   int64_t max_batch_tokens = 4096;       // dynamic batching: token target per run; 0: none
   int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
+  // HOST:PORT serving /metrics; "" or "off": no metrics (kDefaultMetricsListen by default).
+  std::string metrics_listen = std::string(kDefaultMetricsListen);
 };
 
 // Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'

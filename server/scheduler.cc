@@ -143,6 +143,15 @@ int Scheduler::pending() const {
 Clock::time_point Scheduler::ReadyAt(Clock::time_point now) const {
   std::lock_guard lock(mu_);
   if (queue_.empty()) return Clock::time_point::max();
+  // A queued call whose deadline passes must leave then, even inside a delay window.
+  Clock::time_point first_deadline = Clock::time_point::max();
+  for (const Queued& queued : queue_) {
+    first_deadline = std::min(first_deadline, queued.job->deadline());
+  }
+  return std::min(RunStartLocked(now), first_deadline);
+}
+
+Clock::time_point Scheduler::RunStartLocked(Clock::time_point now) const {
   const Job& head = *queue_.front().job;
   if (closed_ || options_.max_queue_delay.count() == 0 || options_.max_batch_tokens <= 0 ||
       head.args().return_attention || queued_tokens_ >= options_.max_batch_tokens) {
@@ -183,7 +192,7 @@ std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Job*>
     it = queue_.erase(it);
   }
   std::vector<Job*> jobs;
-  if (queue_.empty()) return jobs;
+  if (queue_.empty() || RunStartLocked(now) > now) return jobs;  // only dead calls were due
   jobs.push_back(queue_.front().job);
   int64_t tokens = queue_.front().tokens;
   queued_tokens_ -= tokens;

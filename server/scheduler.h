@@ -89,6 +89,8 @@ class Scheduler {
     int64_t tokens;
   };
 
+  // When the queued calls' run may start (the delay window); the queue is not empty.
+  Clock::time_point RunStartLocked(Clock::time_point now) const;
   std::vector<Job*> TakeLocked(Clock::time_point now, std::vector<Job*>* dead,
                                std::vector<Job*>* expired);
   void Run(const std::vector<Job*>& jobs);

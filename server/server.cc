@@ -88,8 +88,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       .max_queue = options.max_queue,
       .max_batch_tokens = options.max_batch_tokens,
       .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us)};
-  server->metrics_ =
-      MetricsOff(options.metrics_listen) ? Metrics::Disabled() : Metrics::Create();
+  server->metrics_ = MetricsOff(options.metrics_listen) ? Metrics::Disabled() : Metrics::Create();
   server->reporter_ = std::make_unique<CallReporter>(server->metrics_.get());
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry = ModelRegistry::Load(
       options.models, scheduler_options, options.compute_threads, server->reporter_.get());
@@ -166,13 +165,14 @@ absl::Status Server::StartMetrics(const ServerOptions& options) {
   if (MetricsOff(options.metrics_listen)) return absl::OkStatus();
   for (const auto& model : registry_->models()) {
     const core::LayerSpec& spec = model->layer->spec();
-    metrics_->SetModelInfo({.name = model->name,
-                            .layout = std::string(core::LayoutName(spec.layout)),
-                            .precision = std::string(core::PrecisionName(model->layer->precision())),
-                            .d_model = spec.d_model,
-                            .d_context = spec.d_context,
-                            .num_heads = spec.num_heads,
-                            .head_dim = spec.head_dim});
+    metrics_->SetModelInfo(
+        {.name = model->name,
+         .layout = std::string(core::LayoutName(spec.layout)),
+         .precision = std::string(core::PrecisionName(model->layer->precision())),
+         .d_model = spec.d_model,
+         .d_context = spec.d_context,
+         .num_heads = spec.num_heads,
+         .head_dim = spec.head_dim});
   }
   absl::StatusOr<int> port = metrics_->Serve(options.metrics_listen);
   if (port.ok()) {

@@ -118,24 +118,28 @@ absl::StatusOr<std::unique_ptr<ShapeCall>> MakeShapeCall(const Shape& shape,
   const int64_t batch = static_cast<int64_t>(shape.lengths.size());
   call->input = RandomValues(batch * shape.padded * shape.d_model, 11);
   call->args.kind = shape.kind;
-  call->args.input = {call->input.data(), shape.d_model, shape.lengths, shape.padded};
+  call->args.input = {call->input.data(), shape.d_model, shape.lengths, shape.padded, {}};
   if (core::IsCross(shape.kind)) {
     call->context = RandomValues(batch * shape.kv_padded * shape.d_context, 12);
     call->args.context =
-        core::RaggedBatch{call->context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded};
+        core::RaggedBatch{call->context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded, {}};
   }
   call->output.resize(call->layer->Shapes(call->args).output_size());
   return call;
 }
 
-// Runs one shape, its calls alternating with peak-matmul calls.
+// Runs one shape, its calls alternating with peak-matmul calls (each call then starts with
+// caches the matmul evicted: "cold"), or when `warm`, back to back with the peak timed after.
 absl::StatusOr<Result> RunShape(const Shape& shape, core::Precision precision, int reps,
-                                PeakMatmul& peak) {
+                                PeakMatmul& peak, bool warm) {
   core::GetThreadScratch().Release();  // so scratch_mib is this shape's alone
   absl::StatusOr<std::unique_ptr<ShapeCall>> call = MakeShapeCall(shape, precision);
   if (!call.ok()) return call.status();
   ShapeCall& c = **call;
-  const std::vector<double> ms = AlternatingMedianMs({[&] { c.Run(); }, [&] { peak.Run(); }}, reps);
+  const std::vector<double> ms =
+      warm ? std::vector<double>{AlternatingMedianMs({[&] { c.Run(); }}, reps)[0],
+                                 AlternatingMedianMs({[&] { peak.Run(); }}, reps)[0]}
+           : AlternatingMedianMs({[&] { c.Run(); }, [&] { peak.Run(); }}, reps);
   if (!c.status.ok()) return c.status;
   Result r;
   r.shape = shape.name;
@@ -161,10 +165,10 @@ absl::Status CompareBf16(const Shape& shape, int reps) {
   const std::vector<float> context = RandomValues(batch * shape.kv_padded * shape.d_context, 12);
   core::ForwardArgs args;
   args.kind = shape.kind;
-  args.input = {input.data(), shape.d_model, shape.lengths, shape.padded};
+  args.input = {input.data(), shape.d_model, shape.lengths, shape.padded, {}};
   if (core::IsCross(shape.kind)) {
     args.context =
-        core::RaggedBatch{context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded};
+        core::RaggedBatch{context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded, {}};
   }
   std::vector<float> output((*f32)->Shapes(args).output_size());
   absl::Status status;
@@ -319,7 +323,10 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--precision", precision_arg, "f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  bool compare_bf16 = false, breakdown = false;
+  bool compare_bf16 = false, breakdown = false, warm = false;
+  app.add_flag("--warm", warm,
+               "time each shape's calls back to back (caches warm, as a server's steady state) "
+               "instead of alternating them with the peak matmul");
   app.add_flag("--breakdown", breakdown,
                "instead: projections and attention kernel timed apart, one JSON line per shape");
   app.add_flag("--compare-bf16", compare_bf16,
@@ -351,7 +358,7 @@ int Main(int argc, char** argv) {
       precision_arg == "bf16" ? core::Precision::kBF16 : core::Precision::kF32;
   std::vector<Result> results;
   for (const Shape& shape : *shapes) {
-    absl::StatusOr<Result> r = RunShape(shape, precision, reps, peak);
+    absl::StatusOr<Result> r = RunShape(shape, precision, reps, peak, warm);
     if (!r.ok()) {
       std::fprintf(stderr, "%s: %s\n", shape.name.c_str(), r.status().ToString().c_str());
       return 1;

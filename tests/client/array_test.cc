@@ -55,7 +55,7 @@ TEST(WireTest, RefusesTensorsWhoseDataDisagreesWithTheShape) {
 }
 
 TEST(WireTest, KindNamesRoundTrip) {
-  for (const char* name : {"bidirectional", "causal", "cross", "causal-cross"}) {
+  for (const char* name : {"bidirectional", "causal", "cross", "causal_cross"}) {
     absl::StatusOr<v1::AttentionKind> kind = ParseKind(name);
     ASSERT_TRUE(kind.ok());
     EXPECT_EQ(KindFlagName(*kind), name);

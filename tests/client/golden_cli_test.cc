@@ -50,7 +50,7 @@ std::string KindFlag(core::AttentionKind kind) {
     case core::AttentionKind::kCross:
       return "cross";
     case core::AttentionKind::kCausalCross:
-      return "causal-cross";
+      return "causal_cross";
   }
   return "";
 }

@@ -61,11 +61,11 @@ absl::StatusOr<std::shared_ptr<const Layer>> LayerFor(const GoldenCase& c) {
 }
 
 RaggedBatch PaddedView(const GoldenBatch& batch) {
-  return RaggedBatch{batch.values.data(), batch.width, batch.lengths, batch.seq_len};
+  return RaggedBatch{batch.values.data(), batch.width, batch.lengths, batch.seq_len, {}};
 }
 
 RaggedBatch PackedView(const GoldenBatch& batch, const std::vector<float>& packed) {
-  return RaggedBatch{packed.data(), batch.width, batch.lengths, RaggedBatch::kPacked};
+  return RaggedBatch{packed.data(), batch.width, batch.lengths, RaggedBatch::kPacked, {}};
 }
 
 // What one Forward call produced.
@@ -191,6 +191,42 @@ TEST_P(GoldenTest, PaddedAndPackedGiveIdenticalResults) {
   if (c.has_probabilities()) {
     EXPECT_EQ(packed.attention, padded.attention);
   }
+}
+
+// Each sequence of `batch` copied into a buffer of its own, with a poison row after it, and a
+// segmented view over them: what the server hands the layer for calls merged in place.
+RaggedBatch SegmentedView(const GoldenBatch& batch, std::vector<std::vector<float>>* buffers) {
+  RaggedBatch view{nullptr, batch.width, batch.lengths, RaggedBatch::kPacked, {}};
+  for (int64_t b = 0; b < batch.batch; ++b) {
+    const float* first = &batch.values[b * batch.seq_len * batch.width];
+    std::vector<float>& own = buffers->emplace_back(first, first + batch.lengths[b] * batch.width);
+    own.insert(own.end(), batch.width, std::nanf(""));  // read past the sequence: NaN shows it
+  }
+  for (const std::vector<float>& own : *buffers) view.sequence_data.push_back(own.data());
+  return view;
+}
+
+TEST_P(GoldenTest, SequencesInSeparateBuffersMatchPyTorch) {
+  const GoldenCase& c = CaseNamed(GetParam());
+  if (c.input.seq_len > 1024) GTEST_SKIP() << "the long case costs enough as it is";
+  absl::StatusOr<std::shared_ptr<const Layer>> layer = LayerFor(c);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  std::vector<std::vector<float>> input_buffers, context_buffers;
+  ForwardArgs args = PaddedArgs(c, /*return_attention=*/false);
+  args.input = SegmentedView(c.input, &input_buffers);
+  if (c.context) args.context = SegmentedView(*c.context, &context_buffers);
+  const Result segmented = RunForward(**layer, args);
+  ASSERT_TRUE(segmented.status.ok()) << segmented.status;
+  // Packed output: scatter back to the padded layout the expectations index.
+  std::vector<float> padded(c.input.batch * c.input.seq_len * c.d_output, 0.0f);
+  int64_t packed_row = 0;
+  for (int64_t b = 0; b < c.input.batch; ++b) {
+    for (int64_t t = 0; t < c.input.lengths[b]; ++t, ++packed_row) {
+      std::copy_n(&segmented.output[packed_row * c.d_output], c.d_output,
+                  &padded[(b * c.input.seq_len + t) * c.d_output]);
+    }
+  }
+  EXPECT_TRUE(OutputMatches(c, padded));
 }
 
 // `batch` re-padded to `seq_len` rows per sequence, every padded row full of a large value:

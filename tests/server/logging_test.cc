@@ -1,6 +1,8 @@
 // The log as an operator reads it: floods summarised (LogSummarizer), and gRPC's and
 // protobuf's own lines written by our logger, as JSON and at our level.
 
+#include "server/logging.h"
+
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -12,7 +14,6 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/log_summary.h"
-#include "server/logging.h"
 
 namespace attnserve::server {
 namespace {

@@ -105,14 +105,13 @@ TEST(MetricsTest, ScrapeReadsBackWhatWasRecorded) {
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_request_duration_seconds_bucket",
                                 with(enc_cc, "le", "0.0025"))),
             2);
-  EXPECT_EQ(Value(*s, SeriesKey("attnserve_request_duration_seconds_bucket",
-                                with(enc_cc, "le", "60"))),
-            2);
+  EXPECT_EQ(
+      Value(*s, SeriesKey("attnserve_request_duration_seconds_bucket", with(enc_cc, "le", "60"))),
+      2);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_inflight_requests")), 0);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_queue_depth", {{"model", "enc"}})), 1);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_queue_depth", {{"model", "dec"}})), 0);
-  EXPECT_EQ(Value(*s, SeriesKey("attnserve_queue_duration_seconds_count", {{"model", "enc"}})),
-            1);
+  EXPECT_EQ(Value(*s, SeriesKey("attnserve_queue_duration_seconds_count", {{"model", "enc"}})), 1);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_queue_duration_seconds_bucket",
                                 {{"model", "enc"}, {"le", "0.0005"}})),
             0);
@@ -165,9 +164,8 @@ TEST(MetricsTest, ProcessFiguresComeFromProc) {
   EXPECT_GT(Value(*s, "process_resident_memory_bytes"), 1 << 20);
   EXPECT_GT(Value(*s, "process_max_fds"), 0);
   // This test process started less than a test run ago.
-  const double now = std::chrono::duration<double>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   EXPECT_LE(Value(*s, "process_start_time_seconds"), now + 1);
   EXPECT_GT(Value(*s, "process_start_time_seconds"), now - 3600);
 }
@@ -181,10 +179,10 @@ TEST(MetricsTest, CodesPastGrpcsAreInternalAsOnTheWire) {
                         static_cast<absl::StatusCode>(20), 0, 1e-3);
   absl::StatusOr<std::map<std::string, double>> s = Scrape(*port);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(Value(*s, SeriesKey("attnserve_requests_total", {{"model", "dec"},
-                                                             {"kind", "bidirectional"},
-                                                             {"code", "INTERNAL"}})),
-            1);
+  EXPECT_EQ(
+      Value(*s, SeriesKey("attnserve_requests_total",
+                          {{"model", "dec"}, {"kind", "bidirectional"}, {"code", "INTERNAL"}})),
+      1);
 }
 
 TEST(MetricsTest, SeriesMadeByRacingThreadsCountEveryCall) {
@@ -242,8 +240,7 @@ TEST(MetricsTest, DisabledRecordsNothingAndServesNothing) {
   model.SetQueueDepth(1);
   model.QueueWait(1e-4);
   model.ComputeRun(1, 3, 1e-4);
-  EXPECT_EQ(metrics->Serve("127.0.0.1:0").status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(metrics->Serve("127.0.0.1:0").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(MetricsTest, DurationBucketsResolveFiftyMicrosecondsToAMinute) {

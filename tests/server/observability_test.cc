@@ -113,12 +113,11 @@ TEST(MetricsServiceTest, ScrapeAfterAKnownSequenceOfCalls) {
   }
   const std::string demo_label = "model=\"demo\"";
   EXPECT_EQ(Sum(*s, "attnserve_requests_total"), answered);
-  EXPECT_EQ(Sum(*s, "attnserve_requests_total",
-                {demo_label, "kind=\"bidirectional\"", "code=\"OK\""}),
-            computed);
+  EXPECT_EQ(
+      Sum(*s, "attnserve_requests_total", {demo_label, "kind=\"bidirectional\"", "code=\"OK\""}),
+      computed);
   EXPECT_EQ(Sum(*s, "attnserve_requests_total", {demo_label, "code=\"INVALID_ARGUMENT\""}), 2);
-  EXPECT_EQ(Sum(*s, "attnserve_requests_total",
-                {"model=\"\"", "kind=\"\"", "code=\"NOT_FOUND\""}),
+  EXPECT_EQ(Sum(*s, "attnserve_requests_total", {"model=\"\"", "kind=\"\"", "code=\"NOT_FOUND\""}),
             1);
   EXPECT_EQ(Sum(*s, "attnserve_requests_total", {demo_label, "code=\"RESOURCE_EXHAUSTED\""}),
             exhausted);
@@ -151,8 +150,8 @@ grpc::StatusCode RawCall(const std::shared_ptr<grpc::Channel>& channel, const st
   const grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
   std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/attnserve.v1.AttentionService/Forward", grpc::StubOptions(),
-                 &request, &response, [&done](grpc::Status s) { done.set_value(s); });
+  stub.UnaryCall(&context, "/attnserve.v1.AttentionService/Forward", grpc::StubOptions(), &request,
+                 &response, [&done](grpc::Status s) { done.set_value(s); });
   return done.get_future().get().error_code();
 }
 
@@ -179,7 +178,8 @@ TEST(LogAbuseTest, AFloodOfBadCallsLeavesFewJsonLines) {
     missing.set_model("missing-" + std::to_string(i));
     ++seen[Call(stub.get(), missing)];
   }
-  for (int i = 0; i < 50; ++i) ++seen[RawCall(channel, "\xff\xff\xff garbage " + std::to_string(i))];
+  for (int i = 0; i < 50; ++i)
+    ++seen[RawCall(channel, "\xff\xff\xff garbage " + std::to_string(i))];
   EXPECT_EQ(seen[grpc::StatusCode::OK], 0);
   EXPECT_GE(seen[grpc::StatusCode::NOT_FOUND], 50);
   EXPECT_GE(seen[grpc::StatusCode::INVALID_ARGUMENT], 150);

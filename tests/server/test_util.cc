@@ -272,6 +272,24 @@ absl::StatusOr<int> HealthCheck(grpc::Channel* channel, const std::string& servi
   return 0;  // proto3 default: UNKNOWN
 }
 
+grpc::Status CallRaw(grpc::Channel* channel, const std::string& method, const std::string& bytes,
+                     std::string* reply) {
+  grpc::GenericStub stub(channel->shared_from_this());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(&context, method, ToBuffer(bytes), &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  *reply = ToString(response);
+  return status;
+}
+
 absl::StatusOr<std::vector<std::string>> ReflectionServices(grpc::Channel* channel) {
   grpc::GenericStub stub(channel->shared_from_this());
   grpc::ClientContext context;

@@ -59,6 +59,11 @@ std::string CompareToGolden(const test::GoldenCase& c, Encoding encoding,
 // 2 NOT_SERVING), or the call's failure.
 absl::StatusOr<int> HealthCheck(grpc::Channel* channel, const std::string& service);
 
+// A unary call of `method` ("/package.Service/Method") with `bytes` as its body, whatever they
+// are: what a broken or hostile client can send. The reply's bytes go to `reply`.
+grpc::Status CallRaw(grpc::Channel* channel, const std::string& method, const std::string& bytes,
+                     std::string* reply);
+
 // The services server reflection lists.
 absl::StatusOr<std::vector<std::string>> ReflectionServices(grpc::Channel* channel);
 

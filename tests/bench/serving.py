@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""The serving benchmark: attnserve against gRPC's own floor and a Python grpcio + PyTorch
+baseline (baseline_server.py), all driven by the same client (serving_load.py) on this machine,
+one after the other, medians over repetitions. Prints a table of calls/s and server CPU per
+call, and the ratios the serving-path issue asks for. Run by hand (not by ctest):
+
+  tests/bench/serving.py [--build build] [--reps 3] [--seconds 3] [--no-baseline]
+                         [--server-args "--metrics-listen ..."]
+
+Needs the build (attnserve, build/python stubs) and, for the baseline, PyTorch
+(deploy/install-deps.sh --torch).
+"""
+import argparse
+import json
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port, seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+class Server:
+    def __init__(self, name, argv, port):
+        self.name, self.port = name, port
+        self.log = tempfile.NamedTemporaryFile(prefix=f"serving-{name}-", suffix=".log",
+                                               delete=False)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_healthy(port)
+        time.sleep(0.5)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def measure(args, server, method="forward", batch=1, seq=16, callers=8, reps=None):
+    runs = []
+    for _ in range(reps or args.reps):
+        out = subprocess.run(
+            ["/usr/bin/python3", os.path.join(HERE, "serving_load.py"),
+             "--target", f"127.0.0.1:{server.port}", "--pid", str(server.proc.pid),
+             "--method", method, "--batch", str(batch), "--seq", str(seq),
+             "--callers", str(callers), "--seconds", str(args.seconds),
+             "--stubs", os.path.join(args.build, "python")],
+            check=True, capture_output=True, text=True).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    keys = ["calls_per_s", "ok_per_s", "server_cpu_us_per_call", "p50_ms", "p99_ms"]
+    median = {k: statistics.median(r[k] for r in runs) for k in keys}
+    median["codes"] = runs[-1]["codes"]
+    return median
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", default=os.path.join(HERE, "../../build"))
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--no-baseline", action="store_true")
+    p.add_argument("--server-args", default="", help="extra attnserve flags for every run")
+    args = p.parse_args()
+    binary = os.path.join(args.build, "server", "attnserve")
+    extra = shlex.split(args.server_args)
+
+    def attnserve(name, *flags):
+        port = free_port()
+        return Server(name, [binary, "--listen", f"127.0.0.1:{port}", "--log-level", "warn",
+                             *flags, *extra], port)
+
+    print(f"load before: {os.getloadavg()}", file=sys.stderr)
+    ours = attnserve("attnserve")
+    off = attnserve("nobatch", "--max-batch-tokens", "0")
+    base = None
+    if not args.no_baseline:
+        port = free_port()
+        base = Server("baseline", ["/usr/bin/python3", os.path.join(HERE, "baseline_server.py"),
+                                   "--port", str(port), "--stubs",
+                                   os.path.join(args.build, "python")], port)
+    rows = []
+    try:
+        floor = measure(args, ours, method="health")
+        rows.append(("health Check (floor), 8 callers", floor, None, None))
+        for batch, seq in [(1, 16), (1, 128), (8, 128), (4, 256)]:
+            on = measure(args, ours, batch=batch, seq=seq)
+            nob = measure(args, off, batch=batch, seq=seq)
+            bl = measure(args, base, batch=batch, seq=seq) if base else None
+            rows.append((f"Forward {batch}x{seq}, 8 callers", on, nob, bl))
+        gain_on = measure(args, ours, callers=64)
+        gain_off = measure(args, off, callers=64)
+        rows.append(("Forward 1x16, 64 callers", gain_on, gain_off, None))
+        one_on = measure(args, ours, callers=1)
+        one_off = measure(args, off, callers=1)
+        rows.append(("Forward 1x16, 1 caller", one_on, one_off, None))
+        few = measure(args, ours, batch=4, seq=256, callers=32)
+        many = measure(args, ours, batch=4, seq=256, callers=256)
+        rows.append(("Forward 4x256, 32 callers", few, None, None))
+        rows.append(("Forward 4x256, 256 callers", many, None, None))
+    finally:
+        for s in (ours, off, base):
+            if s:
+                s.stop()
+    print(f"load after: {os.getloadavg()}", file=sys.stderr)
+
+    def cell(m):
+        if m is None:
+            return f"{'':>9} {'':>8} {'':>8}"
+        return f"{m['calls_per_s']:9.0f} {m['server_cpu_us_per_call']:8.0f} {m['p99_ms']:8.2f}"
+
+    print(f"{'':34} {'attnserve (batching on)':>27} | {'batching off':>27} | {'baseline':>27}")
+    print(f"{'row':34} " + " | ".join([f"{'calls/s':>9} {'cpu us':>8} {'p99 ms':>8}"] * 3))
+    for name, a, b, c in rows:
+        print(f"{name:34} {cell(a)} | {cell(b)} | {cell(c)}")
+    print()
+    f_cpu, f_rate = floor["server_cpu_us_per_call"], floor["calls_per_s"]
+    small = rows[1][1]
+    print(f"1x16 Forward / health Check: calls/s {small['calls_per_s'] / f_rate:.2f}, "
+          f"server CPU per call {small['server_cpu_us_per_call'] / f_cpu:.2f}")
+    if base:
+        for name, a, _, c in rows[1:5]:
+            print(f"{name}: attnserve / baseline calls/s {a['calls_per_s'] / c['calls_per_s']:.2f}")
+    print(f"batching gain, 1x16 at 64 callers (server CPU per call, off / on): "
+          f"{gain_off['server_cpu_us_per_call'] / gain_on['server_cpu_us_per_call']:.2f}")
+    print(f"p99 at 1 caller, on / off: {one_on['p99_ms'] / one_off['p99_ms']:.2f}")
+    print(f"overload, 4x256: ok calls/s at 256 / at 32 callers: "
+          f"{many['ok_per_s'] / few['ok_per_s']:.2f} (codes at 256: {many['codes']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+// The scheduler and compute executor with fake jobs on the real demo layer: merging, the token
+// target, the delay window, splitting back per call, dead calls leaving at once, the drain
+// deadline and fair turns between models. No gRPC: jobs are plain objects the test owns.
+
+#include "server/scheduler.h"
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/weights.h"
+#include "gtest/gtest.h"
+#include "server/compute_executor.h"
+
+namespace attnserve::server::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr int64_t kWidth = 256;  // the demo layer's d_model
+
+std::shared_ptr<const core::Layer> DemoLayer() {
+  static const std::shared_ptr<const core::Layer> layer = *core::Layer::Create(
+      core::MakeDemoWeights());
+  return layer;
+}
+
+// A call that owns its input and its reply, and records its answer.
+class FakeJob final : public Job {
+ public:
+  // A padded [lengths.size(), padded, kWidth] call (packed when padded is kPacked) whose values
+  // depend on `seed`.
+  FakeJob(std::vector<int64_t> lengths, int64_t padded, int seed,
+          Clock::time_point deadline = Clock::time_point::max())
+      : Job(Clock::now(), deadline) {
+    args_.kind = core::AttentionKind::kCausal;
+    args_.input.width = kWidth;
+    args_.input.lengths = std::move(lengths);
+    args_.input.padded_length = padded;
+    input_.resize(args_.input.rows() * kWidth);
+    for (size_t i = 0; i < input_.size(); ++i) input_[i] = std::sin(0.01f * (i + 97 * seed));
+    args_.input.data = input_.data();
+  }
+
+  absl::StatusOr<absl::string_view> RequestedModel() override { return ""; }
+  absl::Status Decode() override { return absl::OkStatus(); }
+  const core::ForwardArgs& args() const override { return args_; }
+  int64_t ReplyBytes(const core::ForwardShapes& shapes) const override {
+    return shapes.output_size() * 4;
+  }
+  absl::StatusOr<ForwardBuffers> Buffers(const core::ForwardShapes& shapes) override {
+    output_.assign(shapes.output_size(), -1.0f);  // Buffers promises zeros: check it writes them
+    std::fill(output_.begin(), output_.end(), 0.0f);
+    return ForwardBuffers{output_, {}};
+  }
+  void Finish(const absl::Status& status) override {
+    std::lock_guard lock(mu_);
+    status_ = status;
+    finished_at_ = Clock::now();
+    cv_.notify_all();
+  }
+
+  // The answer, waiting up to `timeout` for it.
+  std::optional<absl::Status> Wait(Clock::duration timeout = seconds(30)) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, timeout, [this] { return status_.has_value(); });
+    return status_;
+  }
+  Clock::time_point finished_at() {
+    std::lock_guard lock(mu_);
+    return finished_at_;
+  }
+  const std::vector<float>& output() const { return output_; }
+
+  // What the layer gives for this call alone (Layer::Forward, no scheduler).
+  std::vector<float> Alone() const {
+    std::vector<float> out(DemoLayer()->Shapes(args_).output_size());
+    EXPECT_TRUE(DemoLayer()->Forward(args_, out).ok());
+    return out;
+  }
+
+ private:
+  core::ForwardArgs args_;
+  std::vector<float> input_;
+  std::vector<float> output_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<absl::Status> status_;
+  Clock::time_point finished_at_;
+};
+
+// Records how each call ran.
+class RecordingReporter final : public CallReporter {
+ public:
+  void Answer(Job& job, absl::string_view model, bool decoded, const absl::Status& status,
+              const RunInfo& run) override {
+    {
+      std::lock_guard lock(mu_);
+      runs_.push_back({std::string(model), run});
+    }
+    CallReporter::Answer(job, model, decoded, status, run);
+  }
+  struct Record {
+    std::string model;
+    RunInfo run;
+  };
+  std::vector<Record> runs() {
+    std::lock_guard lock(mu_);
+    return runs_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Record> runs_;
+};
+
+// Admission's part, as the scheduler expects it: a queue place first, then Submit.
+void Queue(Scheduler& scheduler, FakeJob& job) {
+  ASSERT_TRUE(scheduler.Reserve().ok());
+  scheduler.Submit(&job);
+}
+
+SchedulerOptions Options(int64_t tokens, milliseconds delay, int max_queue = 128) {
+  return {.max_queue = max_queue,
+          .max_batch_tokens = tokens,
+          .max_queue_delay = std::chrono::duration_cast<std::chrono::microseconds>(delay)};
+}
+
+TEST(SchedulerTest, CallsQueuedInTheWindowAreMergedAndSplitBackPerCall) {
+  ComputeExecutor executor(1);
+  RecordingReporter reporter;
+  Scheduler scheduler("m", DemoLayer(), Options(4096, milliseconds(300)), &executor, &reporter);
+  // Padded with padding, padded full, packed: one run, each answer in its own layout.
+  FakeJob a({5, 2}, 6, 1), b({4}, 4, 2), c({3, 7}, core::RaggedBatch::kPacked, 3);
+  Queue(scheduler, a);
+  Queue(scheduler, b);
+  Queue(scheduler, c);
+  for (FakeJob* job : {&a, &b, &c}) {
+    const std::optional<absl::Status> status = job->Wait();
+    ASSERT_TRUE(status.has_value() && status->ok());
+    const std::vector<float> alone = job->Alone();
+    ASSERT_EQ(job->output().size(), alone.size());
+    for (size_t i = 0; i < alone.size(); ++i) {
+      ASSERT_NEAR(job->output()[i], alone[i], 1e-5f) << "element " << i;
+    }
+  }
+  // Padded rows of a's reply are zero (row 5 of sequence 0, rows 2..5 of sequence 1).
+  for (int64_t c0 = 0; c0 < kWidth; ++c0) EXPECT_EQ(a.output()[5 * kWidth + c0], 0.0f);
+  for (const auto& record : reporter.runs()) {
+    EXPECT_EQ(record.run.batch_calls, 3);
+    EXPECT_EQ(record.run.batch_tokens, 7 + 4 + 10);
+  }
+}
+
+TEST(SchedulerTest, TheTokenTargetBoundsARun) {
+  ComputeExecutor executor(1);
+  RecordingReporter reporter;
+  // 16-token calls, a 32-token target: runs of two calls.
+  Scheduler scheduler("m", DemoLayer(), Options(32, milliseconds(300)), &executor, &reporter);
+  std::vector<std::unique_ptr<FakeJob>> jobs;
+  for (int i = 0; i < 4; ++i) {
+    jobs.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{16}, 16, i));
+    Queue(scheduler, *jobs.back());
+  }
+  for (auto& job : jobs) ASSERT_TRUE(job->Wait().value_or(absl::UnknownError("")).ok());
+  for (const auto& record : reporter.runs()) {
+    EXPECT_EQ(record.run.batch_calls, 2);
+    EXPECT_EQ(record.run.batch_tokens, 32);
+  }
+}
+
+TEST(SchedulerTest, TheDelayWindowHoldsALoneCallThenRunsIt) {
+  ComputeExecutor executor(1);
+  CallReporter reporter;
+  Scheduler scheduler("m", DemoLayer(), Options(4096, milliseconds(200)), &executor, &reporter);
+  FakeJob job({8}, 8, 1);
+  Queue(scheduler, job);
+  ASSERT_TRUE(job.Wait().value_or(absl::UnknownError("")).ok());
+  EXPECT_GE(job.finished_at() - job.arrival(), milliseconds(200));
+}
+
+TEST(SchedulerTest, WithoutADelayWindowACallRunsAtOnce) {
+  ComputeExecutor executor(1);
+  RecordingReporter reporter;
+  Scheduler scheduler("m", DemoLayer(), Options(4096, milliseconds(0)), &executor, &reporter);
+  FakeJob job({8}, 8, 1);
+  Queue(scheduler, job);
+  ASSERT_TRUE(job.Wait().value_or(absl::UnknownError("")).ok());
+  ASSERT_EQ(reporter.runs().size(), 1u);
+  EXPECT_EQ(reporter.runs()[0].run.batch_calls, 1);
+}
+
+TEST(SchedulerTest, ACallWhoseCallerLeftIsAnsweredAtOnceAndFreesItsPlace) {
+  ComputeExecutor executor(1);
+  CallReporter reporter;
+  // A 10 s window keeps the calls queued; two places only.
+  Scheduler scheduler("m", DemoLayer(), Options(4096, seconds(10), /*max_queue=*/2), &executor,
+                      &reporter);
+  FakeJob a({8}, 8, 1), b({8}, 8, 2);
+  Queue(scheduler, a);
+  Queue(scheduler, b);
+  EXPECT_EQ(scheduler.Reserve().code(), absl::StatusCode::kResourceExhausted);
+  a.CallerGone();
+  const std::optional<absl::Status> status = a.Wait(seconds(2));
+  ASSERT_TRUE(status.has_value()) << "a cancelled call waited in the queue";
+  EXPECT_EQ(status->code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(scheduler.Reserve().ok()) << "the cancelled call kept its place";
+  scheduler.Release();
+  EXPECT_EQ(scheduler.pending(), 1);
+  scheduler.Close(Clock::now());  // b: answered Unavailable, not after 10 s
+  scheduler.Join();
+}
+
+TEST(SchedulerTest, ACallWhoseDeadlinePassesLeavesTheQueueThen) {
+  ComputeExecutor executor(1);
+  CallReporter reporter;
+  Scheduler scheduler("m", DemoLayer(), Options(4096, seconds(10)), &executor, &reporter);
+  FakeJob job({8}, 8, 1, Clock::now() + milliseconds(100));
+  Queue(scheduler, job);
+  const std::optional<absl::Status> status = job.Wait(seconds(5));
+  ASSERT_TRUE(status.has_value()) << "the call stayed queued past its deadline";
+  EXPECT_EQ(status->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(scheduler.pending(), 0);
+}
+
+TEST(SchedulerTest, CallsStillQueuedWhenTheDrainDeadlinePassesAreUnavailable) {
+  ComputeExecutor executor(1);
+  CallReporter reporter;
+  Scheduler scheduler("m", DemoLayer(), Options(4096, seconds(10)), &executor, &reporter);
+  FakeJob job({8}, 8, 1);
+  Queue(scheduler, job);
+  scheduler.Close(Clock::now() - milliseconds(1));
+  EXPECT_EQ(scheduler.Reserve().code(), absl::StatusCode::kUnavailable);
+  scheduler.Join();
+  EXPECT_EQ(job.Wait(seconds(0)).value_or(absl::OkStatus()).code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST(SchedulerTest, ADrainWithoutDeadlineComputesEveryQueuedCall) {
+  ComputeExecutor executor(1);
+  CallReporter reporter;
+  Scheduler scheduler("m", DemoLayer(), Options(4096, seconds(10)), &executor, &reporter);
+  FakeJob job({8}, 8, 1);
+  Queue(scheduler, job);
+  scheduler.Drain();  // closing ends the window: the call runs now
+  EXPECT_TRUE(job.Wait(seconds(0)).value_or(absl::UnknownError("")).ok());
+}
+
+TEST(SchedulerTest, ModelsTakeTurnsOnOneExecutor) {
+  ComputeExecutor executor(1);
+  RecordingReporter reporter;
+  // No merging, and a window long enough to queue everything before the first run.
+  const SchedulerOptions options = Options(0, milliseconds(0));
+  Scheduler first("first", DemoLayer(), options, &executor, &reporter);
+  Scheduler second("second", DemoLayer(), options, &executor, &reporter);
+  std::vector<std::unique_ptr<FakeJob>> jobs;
+  // A long call occupies the executor while three calls of each model queue up.
+  jobs.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, 0));
+  Queue(first, *jobs.back());
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{8}, 8, i));
+    Queue(first, *jobs.back());
+  }
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{8}, 8, i));
+    Queue(second, *jobs.back());
+  }
+  for (auto& job : jobs) ASSERT_TRUE(job->Wait().value_or(absl::UnknownError("")).ok());
+  std::vector<std::string> order;
+  for (const auto& record : reporter.runs()) order.push_back(record.model);
+  // After the long call, the models alternate while both have calls queued.
+  const std::vector<std::string> expected = {"first",  "second", "first", "second",
+                                             "first",  "second", "first"};
+  EXPECT_EQ(order, expected);
+}
+
+}  // namespace
+}  // namespace attnserve::server::testing
