@@ -58,6 +58,10 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--max-queue", o.max_queue, "Calls waiting per model; more get RESOURCE_EXHAUSTED")
       ->capture_default_str();
+  app.add_option("--max-streams-per-connection", o.max_streams,
+                 "Calls one connection may have in flight (HTTP/2 max concurrent streams); "
+                 "more wait in the client instead of being sent to be refused")
+      ->capture_default_str();
   app.add_option("--max-batch-tokens", o.max_batch_tokens,
                  "Dynamic batching: queued calls of the same kind are merged into one run of up "
                  "to this many tokens; 0 = no batching")
@@ -99,7 +103,12 @@ void SleepWhileIdle(char** argv) {
     return;
   }
   setenv("OMP_WAIT_POLICY", "passive", 1);
-  execv("/proc/self/exe", argv);
+  // The binary's own path, not /proc/self/exe, so ps and top still name the process attnserve.
+  char path[4096];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (length <= 0) return;
+  path[length] = '\0';
+  execv(path, argv);
   // Not reached unless exec failed: serve anyway, spinning (slower, not wrong).
 }
 

@@ -94,6 +94,9 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError("--max-message-mib must be in 1..2047");
   }
   if (options.max_queue <= 0) return absl::InvalidArgumentError("--max-queue must be positive");
+  if (options.max_streams <= 0) {
+    return absl::InvalidArgumentError("--max-streams-per-connection must be positive");
+  }
   if (options.max_batch_tokens < 0) {
     return absl::InvalidArgumentError("--max-batch-tokens must be >= 0");
   }

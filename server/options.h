@@ -39,6 +39,7 @@ struct ServerOptions {
   int grpc_threads = 0;                  // cap on gRPC's threads; 0: gRPC's default
   int max_message_mib = 64;              // largest request or response
   int max_queue = 128;                   // calls waiting per model before RESOURCE_EXHAUSTED
+  int max_streams = 128;                 // calls in flight per connection (HTTP/2 streams)
   int64_t max_batch_tokens = 4096;       // dynamic batching: token target per run; 0: none
   int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
   // HOST:PORT serving /metrics; "" or "off": no metrics (kDefaultMetricsListen by default).

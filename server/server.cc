@@ -115,6 +115,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // Without this a second server on a busy port would bind it too (SO_REUSEPORT) and split
   // the traffic, instead of failing to start.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A connection's calls past this wait in its client (HTTP/2 flow of streams) rather than
+  // crossing the wire only to be refused: under overload, refused megabytes would take the
+  // cores from the calls being computed.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams);
   if (options.grpc_threads > 0) {
     grpc::ResourceQuota quota("attnserve");
     quota.SetMaxThreads(options.grpc_threads);

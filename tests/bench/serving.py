@@ -1,14 +1,15 @@
 #!/usr/bin/python3
 """The serving benchmark: attnserve against gRPC's own floor and a Python grpcio + PyTorch
-baseline (baseline_server.py), all driven by the same client (serving_load.py) on this machine,
+baseline (baseline_server.py), all driven by the same client (serving_load, C++, generic stub) on
+this machine,
 one after the other, medians over repetitions. Prints a table of calls/s and server CPU per
 call, and the ratios the serving-path issue asks for. Run by hand (not by ctest):
 
   tests/bench/serving.py [--build build] [--reps 3] [--seconds 3] [--no-baseline]
                          [--server-args "--metrics-listen ..."]
 
-Needs the build (attnserve, build/python stubs) and, for the baseline, PyTorch
-(deploy/install-deps.sh --torch).
+Needs the build (attnserve, serving_load, build/python stubs for the baseline) and, for the
+baseline, PyTorch (deploy/install-deps.sh --torch).
 """
 import argparse
 import json
@@ -62,11 +63,10 @@ def measure(args, server, method="forward", batch=1, seq=16, callers=8, reps=Non
     runs = []
     for _ in range(reps or args.reps):
         out = subprocess.run(
-            ["/usr/bin/python3", os.path.join(HERE, "serving_load.py"),
+            [os.path.join(args.build, "tests", "bench", "serving_load"),
              "--target", f"127.0.0.1:{server.port}", "--pid", str(server.proc.pid),
              "--method", method, "--batch", str(batch), "--seq", str(seq),
-             "--callers", str(callers), "--seconds", str(args.seconds),
-             "--stubs", os.path.join(args.build, "python")],
+             "--callers", str(callers), "--seconds", str(args.seconds)],
             check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
     keys = ["calls_per_s", "ok_per_s", "server_cpu_us_per_call", "p50_ms", "p99_ms"]
