@@ -1,14 +1,14 @@
 # attnserve in a container: a build stage compiles the server and the client on Debian 12, the
 # runtime stage carries the two binaries and their runtime libraries only, as a non-root user.
 #
-#   podman build --pull=never -t attnserve .          (or: docker build -t attnserve .)
-#   docker run --rm --init -p 50051:50051 attnserve   (serves the built-in demo model)
-#   docker run --rm --init -p 50051:50051 -v $PWD/my.safetensors:/models/my.safetensors:ro \
+#   deploy/docker-build.sh                            (podman or docker; see there)
+#   podman run --rm -p 50051:50051 attnserve          (serves the built-in demo model)
+#   podman run --rm -p 50051:50051 -v /path/to/my.safetensors:/models/my.safetensors:ro \
 #     attnserve --listen 0.0.0.0:50051 --model my=/models/my.safetensors:num_heads=8
 #
-# The build stage starts from debian:bookworm. Offline, where only a local debian:bookworm-slim
-# exists, tag it (deploy/docker-smoke.sh does) or pass --build-arg BUILD_IMAGE=debian:bookworm-slim:
-# install-deps.sh installs everything the build needs either way.
+# The build stage starts from debian:bookworm (BUILD_IMAGE); deploy/docker-build.sh passes
+# debian:bookworm-slim where only that is present: install-deps.sh installs everything the build
+# needs either way. Built with podman, keep `--format docker`: OCI images drop the HEALTHCHECK.
 ARG BUILD_IMAGE=debian:bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 
@@ -31,7 +31,10 @@ RUN apt-get update \
       libgrpc++1.51 libprotobuf32 libspdlog1.10 libfmt9 \
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
  && rm -rf /var/lib/apt/lists/*
-RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin attnserve \
+# The same uid and gid (10001) as USER below and the Kubernetes securityContext: useradd's
+# --user-group alone would pick a system gid, leaving files owned by a group USER does not name.
+RUN groupadd --system --gid 10001 attnserve \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin attnserve \
  && mkdir /models
 COPY --from=build /build/server/attnserve /build/client/attnserve-client /usr/local/bin/
 USER 10001:10001

@@ -17,6 +17,7 @@ struct ConnectionFlags {
   double timeout_seconds = 30;  // per call; 0: no deadline
   int max_message_mib = 256;
   std::string lb_policy;  // e.g. round_robin; empty: gRPC's default
+  bool no_retry = false;  // turns off ClientOptions::retry
 };
 
 // Flags that describe one Forward call (infer sends it once, bench many times).

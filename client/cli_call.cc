@@ -111,6 +111,7 @@ std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags) 
       flags.timeout_seconds > 0 ? absl::Seconds(flags.timeout_seconds) : absl::InfiniteDuration();
   options.max_message_bytes = flags.max_message_mib << 20;
   options.load_balancing_policy = flags.lb_policy;
+  options.retry = !flags.no_retry;
   return AttentionClient::Connect(flags.target, options);
 }
 

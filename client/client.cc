@@ -4,10 +4,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "grpc/grpc.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
 namespace attnserve::client {
+
+const char kRetryServiceConfig[] = R"json({
+  "methodConfig": [{
+    "name": [{"service": "attnserve.v1.AttentionService", "method": "Forward"},
+             {"service": "attnserve.v1.AttentionService", "method": "ListModels"}],
+    "retryPolicy": {
+      "maxAttempts": 5,
+      "initialBackoff": "0.1s",
+      "maxBackoff": "1s",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }]
+})json";
 
 absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardCall& call) {
   v1::ForwardRequest request;
@@ -33,6 +48,14 @@ std::unique_ptr<AttentionClient> AttentionClient::Connect(const std::string& tar
   args.SetMaxSendMessageSize(options.max_message_bytes);
   if (!options.load_balancing_policy.empty()) {
     args.SetLoadBalancingPolicyName(options.load_balancing_policy);
+  }
+  if (options.retry) {
+    args.SetServiceConfigJSON(kRetryServiceConfig);
+    // gRPC keeps a request for retrying only up to this size (256 KiB by default): past it the
+    // call is committed at once and never retried, which would exempt most real calls.
+    args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, options.max_message_bytes);
+  } else {
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   }
   return std::make_unique<AttentionClient>(
       grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);

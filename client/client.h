@@ -22,7 +22,15 @@ struct ClientOptions {
   // "round_robin" spreads calls over every address the target resolves to (a headless
   // Kubernetes Service); empty: gRPC's default, pick_first (one connection).
   std::string load_balancing_policy;
+  // Retries Forward and ListModels on UNAVAILABLE (kRetryServiceConfig): both are pure
+  // functions of their request, so a call cut off with its replica is safe to send to another.
+  bool retry = true;
 };
+
+// The default service config of channels made with `retry` on: Forward and ListModels retried
+// on UNAVAILABLE, up to 5 attempts, backoff 0.1 s doubling to 1 s. The README gives the same
+// JSON to Python, Node and Go callers.
+extern const char kRetryServiceConfig[];
 
 // One Forward call in client terms: arrays instead of wire tensors.
 struct ForwardCall {

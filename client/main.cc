@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--lb-policy", connection.lb_policy,
                  "round_robin: spread calls over every address of the target (dns:///...)")
       ->check(CLI::IsMember({"pick_first", "round_robin"}));
+  app.add_flag("--no-retry", connection.no_retry,
+               "Do not retry Forward and ListModels on UNAVAILABLE (by default: up to 5 attempts, "
+               "backoff 0.1 s doubling to 1 s, e.g. on another replica when one dies)");
   InferFlags infer;
   AddInfer(app, infer);
   BenchFlags bench;

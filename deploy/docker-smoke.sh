@@ -5,9 +5,8 @@
 #     --from-head   build from the committed tree (git archive HEAD) instead of the checkout
 #   SKIP_BUILD=1 deploy/docker-smoke.sh   reuses an image built before ($IMAGE)
 # Needs podman (or ENGINE=docker) and a host attnserve-client (CLIENT=..., default
-# build/client/attnserve-client; deploy/build.sh makes it). Offline hosts have only a local
-# debian:bookworm-slim (/work/shared/tools/podman-host-setup.sh builds one): when debian:bookworm
-# is missing, the slim image is tagged as it for the build stage, which installs what it needs.
+# build/client/attnserve-client; deploy/build.sh makes it). The image is built by
+# deploy/docker-build.sh (which also copes with a host that has only debian:bookworm-slim).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENGINE=${ENGINE:-podman}
@@ -17,10 +16,6 @@ CLIENT=${CLIENT:-build/client/attnserve-client}
 NAME=attnserve-smoke-$$
 
 [[ -x "$CLIENT" ]] || { echo "no $CLIENT: run deploy/build.sh first (or set CLIENT)" >&2; exit 1; }
-if ! $ENGINE image exists debian:bookworm 2>/dev/null && ! $ENGINE image inspect debian:bookworm >/dev/null 2>&1; then
-  echo "debian:bookworm missing: tagging debian:bookworm-slim as it for the build stage"
-  $ENGINE tag debian:bookworm-slim debian:bookworm
-fi
 
 context=.
 if [[ "${1:-}" == "--from-head" ]]; then
@@ -28,14 +23,7 @@ if [[ "${1:-}" == "--from-head" ]]; then
   trap 'rm -rf "$context"' EXIT
   git archive HEAD | tar -x -C "$context"
 fi
-build_flags=(-t "$IMAGE" "$context")
-if [[ "${SKIP_BUILD:-}" != 1 ]]; then
-# podman writes OCI images by default, which have no HEALTHCHECK: ask for the docker format.
-[[ "$ENGINE" == podman ]] && build_flags=(--pull=never --format docker "${build_flags[@]}")
-start=$SECONDS
-$ENGINE build "${build_flags[@]}"
-echo "image built in $((SECONDS - start)) s"
-fi
+[[ "${SKIP_BUILD:-}" == 1 ]] || ENGINE=$ENGINE IMAGE=$IMAGE CONTEXT=$context deploy/docker-build.sh
 
 cleanup() { $ENGINE rm -f "$NAME" >/dev/null 2>&1 || true; }
 trap 'cleanup; [[ "$context" != . ]] && rm -rf "$context"' EXIT

@@ -17,6 +17,8 @@ packages=(
 )
 # What only the test suites need (deploy/test.sh); one group per suite.
 test_packages=(
+  nginx                                         # deploy/scaleout-test.sh: nginx balancing gRPC (grpc_pass)
+  nodejs npm                                    # client_node_example (client/node) and deploy_k8s_manifests; packages from the npm registry
   prometheus                                    # prometheus_scrape: a real Prometheus scrapes attnserve
 )
 [[ "${1:-}" == "--test" ]] && packages+=("${test_packages[@]}")
@@ -26,7 +28,10 @@ test_packages=(
 
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" && continue
+  # A NodeSource nodejs carries its own npm and conflicts with Debian's npm package.
+  [[ "$p" == npm ]] && command -v npm >/dev/null && continue
+  missing+=("$p")
 done
 if (( ${#missing[@]} )); then
   sudo=""; (( EUID == 0 )) || sudo="sudo"

@@ -8,3 +8,4 @@ deploy/install-deps.sh --test
 deploy/build.sh
 ctest --test-dir build --output-on-failure
 # Suites with their own builds or time bounds go here, one line each.
+deploy/scaleout-test.sh        # issue 13: replicas, client round robin and nginx, a replica killed (~75 s)

@@ -71,6 +71,13 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "merge with (unless --max-batch-tokens are queued sooner); 0 = run at once, "
                  "merging only calls already waiting")
       ->capture_default_str();
+  app.add_option("--max-connection-age", o.max_connection_age_s,
+                 "Seconds after which a client connection is closed (gracefully, +-10 % jitter) "
+                 "so clients reconnect and re-resolve, reaching replicas added since; 0 = never")
+      ->capture_default_str();
+  app.add_option("--max-connection-age-grace", o.max_connection_age_grace_s,
+                 "Seconds the calls on a connection closed for its age get to finish")
+      ->capture_default_str();
   app.add_option(
          "--shutdown-grace", flags.shutdown_grace_s,
          "Seconds queued calls may wait to run after SIGTERM/SIGINT; those still queued then are "

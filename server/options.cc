@@ -1,5 +1,6 @@
 #include "server/options.h"
 
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -105,6 +106,14 @@ absl::Status CheckOptions(const ServerOptions& options) {
   }
   if (options.compute_threads < 0 || options.grpc_threads < 0) {
     return absl::InvalidArgumentError("--threads and --grpc-threads must be >= 0");
+  }
+  // gRPC takes milliseconds in an int.
+  constexpr int kMaxAgeSeconds = std::numeric_limits<int>::max() / 1000;
+  if (options.max_connection_age_s < 0 || options.max_connection_age_s > kMaxAgeSeconds ||
+      options.max_connection_age_grace_s < 0 ||
+      options.max_connection_age_grace_s > kMaxAgeSeconds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-connection-age and --max-connection-age-grace must be in 0..", kMaxAgeSeconds));
   }
   std::set<std::string> names;
   for (const ModelConfig& model : options.models) {

@@ -42,6 +42,12 @@ struct ServerOptions {
   int max_streams = 128;                 // calls in flight per connection (HTTP/2 streams)
   int64_t max_batch_tokens = 4096;       // dynamic batching: token target per run; 0: none
   int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
+  // A connection older than this is closed (GOAWAY, ±10 % jitter by gRPC) so that clients
+  // reconnect and re-resolve their target: replicas added since then get a share of the calls.
+  // 0: never.
+  int max_connection_age_s = 300;
+  // Calls still running on a connection that reached its age get this long to finish.
+  int max_connection_age_grace_s = 60;
   // HOST:PORT serving /metrics; "" or "off": no metrics (kDefaultMetricsListen by default).
   std::string metrics_listen = std::string(kDefaultMetricsListen);
 };

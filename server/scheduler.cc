@@ -114,11 +114,12 @@ void Scheduler::Cancel(Job* job) {
     queued_tokens_ -= it->tokens;
     queue_.erase(it);
     metrics_.SetQueueDepth(static_cast<int>(queue_.size()));
+    ++running_;  // until answered, so Join cannot return before the answer is sent
   }
   absl::Status why = job->CheckAlive();
   if (why.ok()) why = absl::CancelledError("the caller cancelled the call");
   Answer(job, why);
-  Finished(0);
+  Finished(1);
 }
 
 void Scheduler::Close(Clock::time_point deadline) {
@@ -165,7 +166,8 @@ void Scheduler::RunNext(Clock::time_point now) {
   {
     std::lock_guard lock(mu_);
     jobs = TakeLocked(now, &dead, &expired);
-    running_ += static_cast<int>(jobs.size());
+    // Every call taken counts as running until answered, so Join waits for its answer.
+    running_ += static_cast<int>(jobs.size() + dead.size() + expired.size());
     metrics_.SetQueueDepth(static_cast<int>(queue_.size()));
   }
   for (Job* job : dead) Answer(job, job->CheckAlive(now));
@@ -173,7 +175,7 @@ void Scheduler::RunNext(Clock::time_point now) {
     Answer(job, absl::UnavailableError("the server shut down before the call could run"));
   }
   if (!jobs.empty()) Run(jobs);
-  Finished(static_cast<int>(jobs.size()));
+  Finished(static_cast<int>(jobs.size() + dead.size() + expired.size()));
 }
 
 std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Job*>* dead,

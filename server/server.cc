@@ -119,6 +119,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // crossing the wire only to be refused: under overload, refused megabytes would take the
   // cores from the calls being computed.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams);
+  // Clients re-resolve their target only when a connection ends: ending each one after an age
+  // lets replicas that an autoscaler adds get calls from clients already running.
+  if (options.max_connection_age_s > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_s * 1000);
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               options.max_connection_age_grace_s * 1000);
+  }
   if (options.grpc_threads > 0) {
     grpc::ResourceQuota quota("attnserve");
     quota.SetMaxThreads(options.grpc_threads);

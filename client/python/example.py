@@ -10,10 +10,20 @@ The stub directory comes from --stubs, else $ATTNSERVE_PY_STUBS, else ../../buil
 relative to this file.
 """
 import argparse
+import json
 import os
 import sys
 
 import numpy as np
+
+
+# Forward and ListModels are pure functions of their request: a call cut off with its replica is
+# safe to send again, to another one (the README's service config, as the C++ client uses).
+RETRY_SERVICE_CONFIG = {"methodConfig": [{
+    "name": [{"service": "attnserve.v1.AttentionService", "method": "Forward"},
+             {"service": "attnserve.v1.AttentionService", "method": "ListModels"}],
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}
 
 
 def load_stubs(stubs_dir):
@@ -51,8 +61,13 @@ def main():
 
     import grpc
     pb, pb_grpc = load_stubs(args.stubs)
+    # gRPC's 4 MiB default receive limit would refuse most answers; UNAVAILABLE (a replica
+    # that died mid-call) is retried, as the README's service config says.
     channel = grpc.insecure_channel(args.target, options=[
-        ("grpc.max_receive_message_length", 256 << 20)])
+        ("grpc.max_receive_message_length", 256 << 20),
+        ("grpc.max_send_message_length", 256 << 20),
+        ("grpc.service_config", json.dumps(RETRY_SERVICE_CONFIG)),
+        ("grpc.per_rpc_retry_buffer_size", 256 << 20)])
     stub = pb_grpc.AttentionServiceStub(channel)
 
     # Which model, and its widths.
