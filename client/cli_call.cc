@@ -18,16 +18,6 @@ struct SideFlags {
   const std::string& lengths;
 };
 
-// Uniform values in [-1, 1) from a fixed seed, so two runs send the same data.
-FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed) {
-  FloatArray array{.shape = std::move(shape), .values = {}};
-  std::mt19937_64 engine(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  array.values.resize(array.ElementCount());
-  for (float& value : array.values) value = uniform(engine);
-  return array;
-}
-
 // Reads the side's .npy file or makes a random [B, S, width] array from "B,S".
 absl::StatusOr<FloatArray> LoadSide(const SideFlags& side, int64_t width, uint64_t seed) {
   if (!side.file.empty()) return ReadNpy(side.file);
@@ -105,8 +95,10 @@ absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, b
 
 }  // namespace
 
-std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags) {
+std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
+                                                  int connection_index) {
   ClientOptions options;
+  options.connection_index = connection_index;
   options.timeout =
       flags.timeout_seconds > 0 ? absl::Seconds(flags.timeout_seconds) : absl::InfiniteDuration();
   options.max_message_bytes = flags.max_message_mib << 20;
@@ -137,6 +129,15 @@ absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const Ca
     if (!packed.ok()) return packed.status();
   }
   return prepared;
+}
+
+FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed) {
+  FloatArray array{.shape = std::move(shape), .values = {}};
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  array.values.resize(array.ElementCount());
+  for (float& value : array.values) value = uniform(engine);
+  return array;
 }
 
 }  // namespace attnserve::client

@@ -49,6 +49,7 @@ std::unique_ptr<AttentionClient> AttentionClient::Connect(const std::string& tar
   if (!options.load_balancing_policy.empty()) {
     args.SetLoadBalancingPolicyName(options.load_balancing_policy);
   }
+  if (options.connection_index != 0) args.SetInt("attnserve.connection", options.connection_index);
   if (options.retry) {
     args.SetServiceConfigJSON(kRetryServiceConfig);
     // gRPC keeps a request for retrying only up to this size (256 KiB by default): past it the
@@ -82,6 +83,13 @@ absl::StatusOr<v1::ForwardResponse> AttentionClient::Send(const v1::ForwardReque
   absl::Status status = FromGrpcStatus(stub_->Forward(&context, request, &response));
   if (!status.ok()) return status;
   return response;
+}
+
+void AttentionClient::SendAsync(grpc::ClientContext* context, const v1::ForwardRequest* request,
+                                v1::ForwardResponse* response,
+                                std::function<void(grpc::Status)> done) const {
+  Prepare(context);
+  stub_->async()->Forward(context, request, response, std::move(done));
 }
 
 absl::StatusOr<ForwardResult> AttentionClient::Forward(const ForwardCall& call) const {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,9 @@ struct ClientOptions {
   // "round_robin" spreads calls over every address the target resolves to (a headless
   // Kubernetes Service); empty: gRPC's default, pick_first (one connection).
   std::string load_balancing_policy;
+  // Channels with different indexes open different connections (the load test's
+  // --connections); equal ones share one, as gRPC shares a subchannel between equal channels.
+  int connection_index = 0;
   // Retries Forward and ListModels on UNAVAILABLE (kRetryServiceConfig): both are pure
   // functions of their request, so a call cut off with its replica is safe to send to another.
   bool retry = true;
@@ -71,6 +75,11 @@ class AttentionClient {
 
   // Sends a prepared request as is: the load test's hot path, which skips re-encoding.
   absl::StatusOr<v1::ForwardResponse> Send(const v1::ForwardRequest& request) const;
+
+  // Starts a call and returns at once (the load test's engine): `done` runs on a gRPC thread
+  // when it ends. `context`, `request` and `response` must live until then.
+  void SendAsync(grpc::ClientContext* context, const v1::ForwardRequest* request,
+                 v1::ForwardResponse* response, std::function<void(grpc::Status)> done) const;
 
   // The models the server has loaded.
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() const;

@@ -17,6 +17,7 @@ packages=(
 )
 # What only the test suites need (deploy/test.sh); one group per suite.
 test_packages=(
+  chromium                                      # client_bench_html: the load test's HTML report in a headless browser
   nginx                                         # deploy/scaleout-test.sh: nginx balancing gRPC (grpc_pass)
   nodejs npm                                    # client_node_example (client/node) and deploy_k8s_manifests; packages from the npm registry
   prometheus                                    # prometheus_scrape: a real Prometheus scrapes attnserve
