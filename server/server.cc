@@ -17,6 +17,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/forward_codec.h"
 #include "server/logging.h"
+#include "server/metrics.h"
 
 namespace attnserve::server {
 namespace {
@@ -88,11 +89,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       .max_queue = options.max_queue,
       .max_batch_tokens = options.max_batch_tokens,
       .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us)};
-  server->reporter_ = std::make_unique<CallReporter>();
+  server->metrics_ = MetricsOff(options.metrics_listen) ? Metrics::Disabled() : Metrics::Create();
+  server->reporter_ = std::make_unique<CallReporter>(server->metrics_.get());
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry = ModelRegistry::Load(
       options.models, scheduler_options, options.compute_threads, server->reporter_.get());
   if (!registry.ok()) return registry.status();
   server->registry_ = *std::move(registry);
+  if (absl::Status status = server->StartMetrics(options); !status.ok()) {
+    server->registry_->Drain();
+    return status;
+  }
 
   const int64_t max_bytes = int64_t{options.max_message_mib} << 20;
   server->admission_ = std::make_unique<Admission>(server->registry_.get(),
@@ -163,13 +169,44 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
   // wait out the whole grace for idle client connections to close.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::min(grace, kFlushTime));
   grpc_server_->Wait();
+  // main exits without destructors: what the summaries still count is written now.
+  reporter_->FlushLog();
+  FlushLibraryLogs();
   Log(LogLevel::kInfo, "stopped", {{"address", address_}});
+}
+
+absl::Status Server::StartMetrics(const ServerOptions& options) {
+  if (MetricsOff(options.metrics_listen)) return absl::OkStatus();
+  for (const auto& model : registry_->models()) {
+    const core::LayerSpec& spec = model->layer->spec();
+    metrics_->SetModelInfo(
+        {.name = model->name,
+         .layout = std::string(core::LayoutName(spec.layout)),
+         .precision = std::string(core::PrecisionName(model->layer->precision())),
+         .d_model = spec.d_model,
+         .d_context = spec.d_context,
+         .num_heads = spec.num_heads,
+         .head_dim = spec.head_dim});
+  }
+  absl::StatusOr<int> port = metrics_->Serve(options.metrics_listen);
+  if (port.ok()) {
+    metrics_port_ = *port;
+  } else if (options.metrics_listen == kDefaultMetricsListen) {
+    // Only the default may be busy (a second server on the machine): serving without metrics
+    // beats not serving. A port the operator chose must work.
+    Log(LogLevel::kWarn, "serving without metrics: pass --metrics-listen HOST:PORT (or off)",
+        {{"error", std::string(port.status().message())}});
+  } else {
+    return port.status();
+  }
+  return absl::OkStatus();
 }
 
 void Server::LogSummary(const ServerOptions& options) const {
   const core::RuntimeInfo runtime = core::GetRuntimeInfo();
   Log(LogLevel::kInfo, "attnserve listening",
       {{"address", address_},
+       {"metrics_port", metrics_port_},
        {"models", static_cast<int64_t>(registry_->models().size())},
        {"onednn", runtime.dnnl_version},
        {"isa", runtime.cpu_isa},

@@ -11,6 +11,7 @@
 #include "server/attention_service.h"
 #include "server/call_reporter.h"
 #include "server/inference_service.h"
+#include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/options.h"
 
@@ -39,6 +40,9 @@ class Server {
   // The port bound (the chosen one when the options asked for port 0).
   int port() const { return port_; }
 
+  // The port /metrics is served on; 0 when metrics are off or could not bind the default.
+  int metrics_port() const { return metrics_port_; }
+
   // HOST:PORT as bound.
   const std::string& address() const { return address_; }
 
@@ -55,8 +59,12 @@ class Server {
 
  private:
   Server() = default;
+  absl::Status StartMetrics(const ServerOptions& options);
   void LogSummary(const ServerOptions& options) const;
 
+  // Declared first: the schedulers and the service record into it until they are gone.
+  std::unique_ptr<Metrics> metrics_;
+  int metrics_port_ = 0;
   std::unique_ptr<CallReporter> reporter_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<Admission> admission_;
