@@ -12,6 +12,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc          # gRPC 1.51 + grpc_cpp_plugin, grpc_python_plugin
   libprotobuf-dev protobuf-compiler             # protobuf 3.21
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  prometheus-cpp-dev                            # /metrics (prometheus-cpp 1.0 with civetweb)
   python3 python3-grpcio python3-numpy          # the Python client example and its test
 )
 # What only the test suites need (deploy/test.sh); one group per suite.
@@ -20,6 +21,7 @@ test_packages=(
   chromium                                      # client_bench_html: the load test's HTML report in a headless browser
   nginx                                         # deploy/scaleout-test.sh: nginx balancing gRPC (grpc_pass)
   nodejs npm                                    # client_node_example (client/node) and deploy_k8s_manifests; packages from the npm registry
+  prometheus                                    # prometheus_scrape: a real Prometheus scrapes attnserve
 )
 [[ "${1:-}" == "--test" ]] && packages+=("${test_packages[@]}")
 # Debian's torch calls the system BLAS; without OpenBLAS that is netlib's reference BLAS (~1 GFLOP/s),

@@ -50,6 +50,9 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--port-file", o.port_file,
                  "Once listening, write the bound port (a number and a newline) to this file");
+  app.add_option("--metrics-listen", o.metrics_listen,
+                 "HOST:PORT serving Prometheus metrics at /metrics (plain HTTP); '' or off: none")
+      ->capture_default_str();
   app.add_option("--model", flags.models, kModelHelp);
   app.add_option("--threads", o.compute_threads,
                  "Compute (OpenMP) threads per forward call; 0 = every core")

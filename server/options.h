@@ -15,6 +15,14 @@ namespace attnserve::server {
 // The path that names the built-in demo layer instead of a file (`--model demo=built-in`).
 inline constexpr absl::string_view kBuiltInSource = "built-in";
 
+// Where Prometheus scrapes /metrics unless --metrics-listen says otherwise (Triton's port).
+inline constexpr absl::string_view kDefaultMetricsListen = "0.0.0.0:8002";
+
+// True when `metrics_listen` turns metrics off ("" or "off").
+inline bool MetricsOff(absl::string_view metrics_listen) {
+  return metrics_listen.empty() || metrics_listen == "off";
+}
+
 // One model to serve: a name clients use, where its weights come from and how to read them.
 struct ModelConfig {
   std::string name;
@@ -61,6 +69,8 @@ struct ServerOptions {
   int max_connection_age_s = 300;
   // Calls still running on a connection that reached its age get this long to finish.
   int max_connection_age_grace_s = 60;
+  // HOST:PORT serving /metrics; "" or "off": no metrics (kDefaultMetricsListen by default).
+  std::string metrics_listen = std::string(kDefaultMetricsListen);
 };
 
 // Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'

@@ -19,6 +19,7 @@
 #include "server/forward_codec.h"
 #include "server/logging.h"
 #include "server/reflection.h"
+#include "server/metrics.h"
 
 namespace attnserve::server {
 namespace {
@@ -82,6 +83,7 @@ void SetHealth(grpc::Server* server, bool serving) {
   if (health == nullptr) return;
   health->SetServingStatus("", serving);
   health->SetServingStatus(kServiceName, serving);
+  health->SetServingStatus(kInferenceServiceName, serving);
 }
 
 // Bounds that hostile or broken peers cannot stretch, on every port: a connection idle for
@@ -128,16 +130,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       .max_queue = options.max_queue,
       .max_batch_tokens = options.max_batch_tokens,
       .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us)};
-  server->reporter_ = std::make_unique<CallReporter>();
+  server->metrics_ = MetricsOff(options.metrics_listen) ? Metrics::Disabled() : Metrics::Create();
+  server->reporter_ = std::make_unique<CallReporter>(server->metrics_.get());
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry = ModelRegistry::Load(
       options.models, scheduler_options, options.compute_threads, server->reporter_.get());
   if (!registry.ok()) return registry.status();
   server->registry_ = *std::move(registry);
+  if (absl::Status status = server->StartMetrics(options); !status.ok()) {
+    server->registry_->Drain();
+    return status;
+  }
 
   const int64_t max_bytes = int64_t{options.max_message_mib} << 20;
   server->admission_ = std::make_unique<Admission>(server->registry_.get(),
                                                    server->reporter_.get(), max_bytes);
   server->service_ = std::make_unique<AttentionService>(server->admission_.get());
+  server->inference_service_ = std::make_unique<InferenceService>(server->admission_.get());
 
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::shared_ptr<TokenAuthenticator>> auth =
@@ -161,6 +169,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *credentials, &server->port_);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->inference_service_.get());
   builder.SetOption(ReflectionOption());
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
@@ -292,7 +301,37 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
     health_server_->Shutdown(std::chrono::system_clock::now());
     health_server_->Wait();
   }
+  // main exits without destructors: what the summaries still count is written now.
+  reporter_->FlushLog();
+  FlushLibraryLogs();
   Log(LogLevel::kInfo, "stopped", {{"address", address_}});
+}
+
+absl::Status Server::StartMetrics(const ServerOptions& options) {
+  if (MetricsOff(options.metrics_listen)) return absl::OkStatus();
+  for (const auto& model : registry_->models()) {
+    const core::LayerSpec& spec = model->layer->spec();
+    metrics_->SetModelInfo(
+        {.name = model->name,
+         .layout = std::string(core::LayoutName(spec.layout)),
+         .precision = std::string(core::PrecisionName(model->layer->precision())),
+         .d_model = spec.d_model,
+         .d_context = spec.d_context,
+         .num_heads = spec.num_heads,
+         .head_dim = spec.head_dim});
+  }
+  absl::StatusOr<int> port = metrics_->Serve(options.metrics_listen);
+  if (port.ok()) {
+    metrics_port_ = *port;
+  } else if (options.metrics_listen == kDefaultMetricsListen) {
+    // Only the default may be busy (a second server on the machine): serving without metrics
+    // beats not serving. A port the operator chose must work.
+    Log(LogLevel::kWarn, "serving without metrics: pass --metrics-listen HOST:PORT (or off)",
+        {{"error", std::string(port.status().message())}});
+  } else {
+    return port.status();
+  }
+  return absl::OkStatus();
 }
 
 void Server::LogSummary(const ServerOptions& options) const {
@@ -303,6 +342,7 @@ void Server::LogSummary(const ServerOptions& options) const {
        {"transport", tls ? (options.tls.client_ca.empty() ? "tls" : "mtls") : "plaintext"},
        {"auth", auth_ != nullptr ? "bearer tokens" : "none"},
        {"health_port", health_port_},
+       {"metrics_port", metrics_port_},
        {"models", static_cast<int64_t>(registry_->models().size())},
        {"onednn", runtime.dnnl_version},
        {"isa", runtime.cpu_isa},

@@ -14,6 +14,8 @@
 #include "server/attention_service.h"
 #include "server/call_reporter.h"
 #include "server/listener_watchdog.h"
+#include "server/inference_service.h"
+#include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/options.h"
 #include "server/token_auth.h"
@@ -22,6 +24,9 @@ namespace attnserve::server {
 
 // The service name clients and health checks use.
 inline constexpr char kServiceName[] = "attnserve.v1.AttentionService";
+
+// The Open Inference Protocol's service, on the same port.
+inline constexpr char kInferenceServiceName[] = "inference.GRPCInferenceService";
 
 // A running attnserve: models loaded, gRPC listening, health SERVING. Used by main and, at
 // localhost:0, by the service tests.
@@ -39,6 +44,9 @@ class Server {
 
   // The port bound (the chosen one when the options asked for port 0).
   int port() const { return port_; }
+
+  // The port /metrics is served on; 0 when metrics are off or could not bind the default.
+  int metrics_port() const { return metrics_port_; }
 
   // HOST:PORT as bound.
   const std::string& address() const { return address_; }
@@ -67,13 +75,18 @@ class Server {
   absl::Status StartHealthPort(const ServerOptions& options);
   void StartWatchers(const ServerOptions& options);
   void SetServing(bool serving);
+  absl::Status StartMetrics(const ServerOptions& options);
   void LogSummary(const ServerOptions& options) const;
 
+  // Declared first: the schedulers and the service record into it until they are gone.
+  std::unique_ptr<Metrics> metrics_;
+  int metrics_port_ = 0;
   std::unique_ptr<CallReporter> reporter_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<AttentionService> service_;
   std::shared_ptr<TokenAuthenticator> auth_;  // null: no tokens asked for
+  std::unique_ptr<InferenceService> inference_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<grpc::CallbackGenericService> health_refusal_;
   std::unique_ptr<grpc::Server> health_server_;  // null without --health-listen

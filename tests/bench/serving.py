@@ -109,6 +109,8 @@ def main():
             nob = measure(args, off, batch=batch, seq=seq)
             bl = measure(args, base, batch=batch, seq=seq) if base else None
             rows.append((f"Forward {batch}x{seq}, 8 callers", on, nob, bl))
+        infer = measure(args, ours, method="infer")
+        rows.append(("ModelInfer 1x16, 8 callers", infer, None, None))
         gain_on = measure(args, ours, callers=64)
         gain_off = measure(args, off, callers=64)
         rows.append(("Forward 1x16, 64 callers", gain_on, gain_off, None))
@@ -139,6 +141,8 @@ def main():
     small = rows[1][1]
     print(f"1x16 Forward / health Check: calls/s {small['calls_per_s'] / f_rate:.2f}, "
           f"server CPU per call {small['server_cpu_us_per_call'] / f_cpu:.2f}")
+    print(f"ModelInfer / Forward 1x16, server CPU per call: "
+          f"{infer['server_cpu_us_per_call'] / small['server_cpu_us_per_call']:.2f} (target <= 1.10)")
     if base:
         for name, a, _, c in rows[1:5]:
             print(f"{name}: attnserve / baseline calls/s {a['calls_per_s'] / c['calls_per_s']:.2f}")

@@ -27,7 +27,8 @@ def start_server(binary, workdir):
     port_file = os.path.join(workdir, "port")
     log = open(os.path.join(workdir, "server.log"), "w")
     server = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                               "--threads", "2", "--log-level", "warn"], stdout=log, stderr=log)
+                               "--threads", "2", "--log-level", "warn", "--metrics-listen=off"],
+                              stdout=log, stderr=log)
     deadline = time.time() + 60
     while time.time() < deadline:
         if os.path.exists(port_file):

@@ -23,7 +23,7 @@ def cpu_seconds(pid):
 def start_server(binary, workdir):
     port_file = os.path.join(workdir, "port")
     server = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                               "--threads", "2", "--log-level", "warn"],
+                               "--threads", "2", "--log-level", "warn", "--metrics-listen=off"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while time.time() < deadline:

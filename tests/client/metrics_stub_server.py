@@ -2,7 +2,8 @@
 """A real HTTP server (Python's http.server) standing in for attnserve's /metrics in the load
 tester's tests: the Nth GET of /metrics answers the Nth --exposition file (the last one again
 after that), so a test knows exactly what a run's before and after scrapes saw.
-Same command line as attnserve's start: --listen HOST:PORT --port-file FILE."""
+Same command line as attnserve's start: --listen HOST:PORT --port-file FILE (and
+--metrics-listen, accepted and ignored: the stub serves /metrics on --listen)."""
 import argparse
 import http.server
 import pathlib
@@ -12,6 +13,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--listen", required=True)
     parser.add_argument("--port-file", required=True)
+    parser.add_argument("--metrics-listen")
     parser.add_argument("--exposition", action="append", required=True)
     args = parser.parse_args()
     bodies = [pathlib.Path(p).read_bytes() for p in args.exposition]

@@ -73,7 +73,7 @@ def start_server(server, workdir, models, extra=(), name="server"):
     log = open(os.path.join(workdir, f"{name}.log"), "w")
     flags = [f"--model={m}" for m in models] + list(extra)
     proc = subprocess.Popen([server, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                             "--threads", "2"] + flags, stdout=log, stderr=subprocess.STDOUT)
+                             "--threads", "2", "--metrics-listen=off"] + flags, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -154,6 +154,8 @@ std::unique_ptr<Server> StartServer(ServerOptions options) {
   auto level = ParseLogLevel(level_name ? level_name : "off");
   InitLogging(level.ok() ? *level : LogLevel::kOff, LogFormat::kText);
   options.listen = "localhost:0";
+  // The default metrics port is machine-wide, and tests run side by side.
+  if (options.metrics_listen == kDefaultMetricsListen) options.metrics_listen = "off";
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   if (!server.ok()) {
     ADD_FAILURE_AT(__FILE__, __LINE__);
@@ -336,6 +338,11 @@ ChildServer::ChildServer(const std::vector<std::string>& args, const std::string
     : output_path_(output_path) {
   std::vector<std::string> argv_storage = {ATTNSERVE_BINARY};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  // The default metrics port is machine-wide, and tests run side by side.
+  if (std::none_of(args.begin(), args.end(),
+                   [](const std::string& a) { return a.starts_with("--metrics-listen"); })) {
+    argv_storage.push_back("--metrics-listen=off");
+  }
   std::vector<char*> argv;
   for (std::string& a : argv_storage) argv.push_back(a.data());
   argv.push_back(nullptr);
