@@ -89,7 +89,8 @@ def main():
     def attnserve(name, *flags):
         port = free_port()
         # Metrics on, as deployed, each server on a port of its own.
-        metrics = ["--metrics-listen", f"127.0.0.1:{free_port()}"]
+        metrics = ([] if "--metrics-listen" in extra
+                   else ["--metrics-listen", f"127.0.0.1:{free_port()}"])
         return Server(name, [binary, "--listen", f"127.0.0.1:{port}", "--log-level", "warn",
                              *metrics, *flags, *extra], port)
 
