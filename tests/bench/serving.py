@@ -88,8 +88,11 @@ def main():
 
     def attnserve(name, *flags):
         port = free_port()
+        # Metrics on, as deployed, each server on a port of its own.
+        metrics = ([] if "--metrics-listen" in extra
+                   else ["--metrics-listen", f"127.0.0.1:{free_port()}"])
         return Server(name, [binary, "--listen", f"127.0.0.1:{port}", "--log-level", "warn",
-                             *flags, *extra], port)
+                             *metrics, *flags, *extra], port)
 
     print(f"load before: {os.getloadavg()}", file=sys.stderr)
     ours = attnserve("attnserve")

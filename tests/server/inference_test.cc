@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "server/forward_codec.h"
 #include "server/infer_codec.h"
 #include "tests/common/golden.h"
+#include "tests/server/scrape.h"
 #include "tests/server/test_util.h"
 
 namespace attnserve::server::testing {
@@ -686,6 +688,56 @@ TEST_F(InferRefusalTest, BytesThatAreNotAModelInferRequestAreInvalidArgumentWith
   }
   ModelInferResponse response;
   EXPECT_TRUE(Call(ValidInfer(false), &response).ok());
+}
+
+}  // namespace
+}  // namespace attnserve::server::testing
+
+namespace attnserve::server::testing {
+namespace {
+
+// Both frontends' calls pass the one reporter: /metrics counts them alike, by model and kind.
+TEST(InferenceMetricsTest, CallsFromBothFrontendsAreCountedTogether) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto channel = Connect(server->port());
+  auto v1_stub = v1::AttentionService::NewStub(channel);
+  auto v2_stub = inference::GRPCInferenceService::NewStub(channel);
+  v1::ForwardRequest forward;
+  forward.set_model("demo");
+  forward.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  std::vector<float> values(2 * 3 * 256);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.01f * i);
+  *forward.mutable_input() = MakeTensor({2, 3, 256}, values, /*raw=*/true);
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext context;
+    v1::ForwardResponse response;
+    ASSERT_TRUE(v1_stub->Forward(&context, forward, &response).ok());
+  }
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext context;
+    ModelInferResponse response;
+    ASSERT_TRUE(v2_stub->ModelInfer(&context, ToInfer(forward, /*raw=*/true), &response).ok());
+  }
+  ModelInferRequest unknown = ToInfer(forward, /*raw=*/true);
+  unknown.set_model_name("no-such-model");
+  grpc::ClientContext context;
+  ModelInferResponse response;
+  EXPECT_EQ(v2_stub->ModelInfer(&context, unknown, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  absl::StatusOr<std::map<std::string, double>> series = Scrape(server->metrics_port());
+  ASSERT_TRUE(series.ok()) << series.status();
+  const std::string ok = SeriesKey("attnserve_requests_total",
+                                   {{"model", "demo"}, {"kind", "causal"}, {"code", "OK"}});
+  const std::string not_found = SeriesKey("attnserve_requests_total",
+                                          {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}});
+  EXPECT_EQ((*series)[ok], 5) << ok;
+  EXPECT_EQ((*series)[not_found], 1) << not_found;
+  EXPECT_EQ((*series)[SeriesKey("attnserve_tokens_total", {{"model", "demo"}, {"kind", "causal"}})],
+            5 * 6);
 }
 
 }  // namespace
