@@ -29,17 +29,22 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libdnnl2 ocl-icd-libopencl1 libgomp1 \
       libgrpc++1.51 libprotobuf32 libspdlog1.10 libfmt9 \
+      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
  && rm -rf /var/lib/apt/lists/*
+# Nothing in the image is world-writable (the base's /tmp, /var/tmp and /run/lock are): the server
+# writes no files but an optional --port-file, so a compromised process has nowhere to drop one.
 # The same uid and gid (10001) as USER below and the Kubernetes securityContext: useradd's
 # --user-group alone would pick a system gid, leaving files owned by a group USER does not name.
 RUN groupadd --system --gid 10001 attnserve \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin attnserve \
- && mkdir /models
+ && mkdir /models \
+ && find / -xdev -perm -o+w ! -type l -exec chmod o-w {} + \
+ && test -z "$(find / -xdev -perm -o+w ! -type l)"
 COPY --from=build /build/server/attnserve /build/client/attnserve-client /usr/local/bin/
 USER 10001:10001
 # Weights are mounted here (read-only is enough); without --model the demo layer is served.
 WORKDIR /models
-EXPOSE 50051
+EXPOSE 50051 8002
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
   CMD ["attnserve-client", "--target", "127.0.0.1:50051", "--timeout", "3", "health"]
 ENTRYPOINT ["attnserve"]

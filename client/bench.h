@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -9,46 +10,137 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/histogram.h"
 
+// The load tester's engine: asynchronous calls (gRPC's callback API) over one or more
+// connections, in a closed loop (a fixed number of calls in flight) or an open loop (calls sent
+// at their scheduled times whatever the server does, each timed from that time).
 namespace attnserve::client {
 
-// How hard and how long to load the server. At least one of the two bounds must be set, and
-// the time bound always applies when given, so a run can never go on forever.
-struct BenchOptions {
-  int concurrency = 4;                          // callers, each with one call in flight
-  absl::Duration duration = absl::Seconds(10);  // zero: bounded by max_requests only
-  int64_t max_requests = 0;                     // zero: bounded by duration only
-  int warmup_requests = 2;                      // sent first, not counted
+// One request the load test sends, and the valid (query) tokens it carries.
+struct WorkItem {
+  v1::ForwardRequest request;
+  int64_t tokens = 0;
 };
 
-// What a load test measured.
-struct BenchReport {
-  int concurrency = 0;
+// Closed loop: `concurrency` calls always in flight. Open loop: `rate` calls per second.
+enum class LoadMode { kClosed, kOpen };
+
+// When open-loop calls are due: evenly spaced, or a Poisson process (exponential gaps).
+enum class Arrival { kConstant, kPoisson };
+
+// The running figures of a step, for a progress line.
+struct StepProgress {
+  double seconds = 0;  // since the window opened (negative during the warm-up)
+  int64_t sent = 0;
+  int64_t ok = 0;
+  int64_t failed = 0;
+  int64_t in_flight = 0;
+};
+
+// How hard and how long one step loads the server.
+struct BenchOptions {
+  LoadMode mode = LoadMode::kClosed;
+  int concurrency = 4;  // closed loop: calls in flight
+  double rate = 0;      // open loop: calls per second
+  Arrival arrival = Arrival::kConstant;
+  int max_in_flight = 1000;  // open loop: calls due past this wait (and are late)
+  absl::Duration warmup = absl::ZeroDuration();  // load first, not counted
+  absl::Duration duration = absl::Seconds(10);   // the window; zero: bounded by max_requests
+  int64_t max_requests = 0;                      // calls in the window; zero: no count bound
+  uint64_t seed = 1;                             // of the Poisson gaps
+  // Runs (on the calling thread) when the window opens: the server metrics' first scrape.
+  std::function<void()> window_started;
+  // Runs about twice a second with the step's figures so far: the terminal's progress line.
+  std::function<void(const StepProgress&)> progress;
+};
+
+// What the calls sent in one slice of the window saw (latency over time).
+struct TimeSlice {
+  double start_seconds = 0;  // from the window's start
+  int64_t sent = 0;
+  int64_t ok = 0;
+  int64_t failed = 0;
+  LatencyHistogram latency;  // of the successful calls
+};
+
+// What one step (or several, merged) measured. Calls count when their scheduled send time falls
+// in the window; every counted call is sent (sent), or was still waiting for room under the
+// in-flight cap when the window closed (unsent): scheduled = sent + unsent, sent = ok + failed.
+struct StepReport {
+  LoadMode mode = LoadMode::kClosed;
+  Arrival arrival = Arrival::kConstant;
+  int concurrency = 0;      // closed loop
+  double offered_rate = 0;  // open loop
+  int connections = 1;
+  int max_in_flight = 0;   // open loop
+  int trials = 1;          // windows merged into this report
+  int trials_run = 1;      // windows measured (more with a stability check)
+  bool stable = true;      // false: the stability check ran out of trials
+  absl::Duration window;   // time the counted calls were scheduled over
+  absl::Duration elapsed;  // from the window's start to the last counted answer
+  int64_t scheduled = 0;
+  int64_t sent = 0;
+  int64_t late = 0;  // sent more than kLateAfter after their scheduled time
+  int64_t unsent = 0;
   int64_t ok = 0;
   std::map<absl::StatusCode, int64_t> errors;  // failed calls by status code
-  absl::Duration elapsed;
-  int64_t tokens_per_request = 0;    // query tokens (sum of lengths) in one request
-  std::vector<double> latencies_ms;  // of the successful calls, sorted
+  int64_t tokens = 0;                          // valid query tokens of the successful calls
+  LatencyHistogram latency;                    // of the successful calls, from scheduled time
+  LatencyHistogram send_lag;                   // actual send time - scheduled, of every call sent
+  absl::Duration send_span;                    // window start to the last counted send
+  std::vector<TimeSlice> timeline;
+  double slice_seconds = 1;
 
-  // Calls made, successful or not.
-  int64_t total() const;
-  // Successful calls per second of the run.
+  // Calls that failed.
+  int64_t failed() const;
+  // Successful calls per second, over `elapsed`.
   double requests_per_second() const;
-  // Query tokens of the successful calls per second of the run.
+  // Valid query tokens of successful calls per second, over `elapsed`.
   double tokens_per_second() const;
-  // Latency at quantile q in [0, 1] (nearest rank), 0 without successful calls.
-  double LatencyMs(double q) const;
+  // Calls sent per second from the window's start to the last send, or over the whole window
+  // when the sender kept up (the achieved rate, beside offered_rate).
+  double achieved_rate() const;
 };
 
-// Sends `request` from options.concurrency threads until a bound is reached.
-absl::StatusOr<BenchReport> RunBench(const AttentionClient& client,
-                                     const v1::ForwardRequest& request,
-                                     const BenchOptions& options);
+// The highest open-loop rate, calls/s: past it the schedule itself (which every sender thread
+// walks) would be the load, and no server answers that many from one client process.
+inline constexpr double kMaxRate = 1e6;
+
+// A call sent this long after its scheduled time counts as late.
+inline constexpr absl::Duration kLateAfter = absl::Milliseconds(1);
+
+// Sends calls over a set of connections, the requests taken in turn from a pool.
+class LoadEngine {
+ public:
+  // `connections` and `work` must not be empty; the clients must outlive the engine.
+  LoadEngine(std::vector<const AttentionClient*> connections, std::vector<WorkItem> work);
+
+  // Loads the server for one warm-up and window, then waits for every call sent to end.
+  absl::StatusOr<StepReport> RunStep(const BenchOptions& options) const;
+
+  // Sends each work item once, in turn, `calls` times in all and waits: the first failure
+  // (wrong model, bad shape) is returned, since it would fail every timed call too.
+  absl::Status Check(int calls) const;
+
+ private:
+  std::vector<const AttentionClient*> connections_;
+  std::vector<WorkItem> work_;
+};
+
+// Runs a step's window `max_trials` times at most, until the last three agree on throughput and
+// p99 within `percent` %, and reports those three merged; percent <= 0: one window.
+absl::StatusOr<StepReport> RunStableStep(const LoadEngine& engine, BenchOptions options,
+                                         double percent, int max_trials);
+
+// Adds `next` (measured after `into`) to `into`: counts, histograms, windows, timeline.
+void MergeStep(StepReport& into, const StepReport& next);
+
+// Parses a sweep, START:END[:STEP]: STEP adds (default 1 for an integer sweep), xF multiplies
+// (default x2 otherwise); END is included when a step lands on it. At most 100 values.
+absl::StatusOr<std::vector<double>> ParseSweep(const std::string& text, bool integer);
 
 // Query tokens one request carries: its lengths' sum, or every row when lengths are empty.
 int64_t QueryTokens(const v1::ForwardRequest& request);
-
-// The report as a few human-readable lines.
-std::string FormatReport(const BenchReport& report);
 
 }  // namespace attnserve::client

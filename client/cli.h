@@ -17,8 +17,19 @@ struct ConnectionFlags {
   double timeout_seconds = 30;  // per call; 0: no deadline
   int max_message_mib = 256;
   std::string lb_policy;  // e.g. round_robin; empty: gRPC's default
+  std::string tls_ca;     // PEM file: TLS, trusting this CA; empty: plaintext
+  std::string tls_cert;   // PEM files: this client's certificate and key, for mTLS
+  std::string tls_key;
+  std::string token;  // bearer token; empty: $ATTNSERVE_TOKEN, if set
   bool no_retry = false;  // turns off ClientOptions::retry
 };
+
+// The environment variable a token may come from instead of --token (so it is not in `ps`).
+inline constexpr char kTokenEnvironmentVariable[] = "ATTNSERVE_TOKEN";
+
+// Checks the TLS flags and that their files can be read, and takes the token from the
+// environment when --token is not given.
+absl::Status ResolveSecurityFlags(ConnectionFlags* flags);
 
 // Flags that describe one Forward call (infer sends it once, bench many times).
 struct CallFlags {
@@ -49,21 +60,44 @@ struct InferFlags {
   std::string attention_output;  // .npy path for the probabilities (implies return_attention)
 };
 
-// Flags of `bench`.
+// Flags of `bench` (README "Load test" describes them).
 struct BenchFlags {
   CallFlags call;
-  int concurrency = 4;
-  double duration_seconds = 10;
+  int connections = 1;
+  int concurrency = 4;  // closed loop
+  double rate = 0;      // > 0: open loop at this many calls/s
+  std::string arrival = "constant";
+  int max_in_flight = 1000;
+  std::string concurrency_range;  // START:END[:STEP]
+  std::string rate_range;         // START:END[:STEP], STEP may be xF (multiply)
+  double duration_seconds = 10;   // the window of each step
+  double warmup_seconds = 0.5;    // load before each step's window, not counted
   int64_t requests = 0;
-  int warmup = 2;
+  int warmup = 2;  // calls checked one by one before the load
+  double stability_percent = 0;
+  int max_trials = 10;
+  double latency_limit_ms = 0;
+  std::string lengths_uniform;  // MIN:MAX
+  std::string lengths_list;     // "16,64,256"
+  std::string kinds;            // "causal,bidirectional"
+  std::string workload;         // JSON-lines file of requests
+  int pool = 32;                // distinct requests of a mixed workload
   bool json = false;
+  bool csv = false;
+  std::string html;
+  std::string metrics_url;
 };
 
 // Reads or makes the arrays the flags name and assembles the call.
 absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags);
 
-// Opens a client with the connection flags.
-std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags);
+// Opens a client with the connection flags (after ResolveSecurityFlags); clients with different indexes use different
+// connections (the load test's --connections).
+std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
+                                                  int connection_index = 0);
+
+// Uniform values in [-1, 1) from a fixed seed, so two runs send the same data.
+FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed);
 
 // `infer`: one call, output to a .npy file or printed.
 absl::Status RunInfer(const ConnectionFlags& connection, const InferFlags& flags);

@@ -1,74 +1,229 @@
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/bench.h"
+#include "client/bench_report.h"
+#include "client/bench_workload.h"
 #include "client/cli.h"
-#include "nlohmann/json.hpp"
+#include "client/metrics_scrape.h"
 
 namespace attnserve::client {
 namespace {
 
-// Hard ceiling on a run, so a typo in --duration cannot load a server for days.
+// Hard ceiling on a window, so a typo in --duration cannot load a server for days.
 constexpr double kMaxDurationSeconds = 3600;
+constexpr int kMaxConnections = 256;
 
-nlohmann::json ReportJson(const BenchReport& report, const CallFlags& call) {
-  nlohmann::json errors = nlohmann::json::object();
-  for (const auto& [code, n] : report.errors) errors[absl::StatusCodeToString(code)] = n;
-  return {{"kind", call.kind},
-          {"concurrency", report.concurrency},
-          {"ok", report.ok},
-          {"errors", errors},
-          {"seconds", absl::ToDoubleSeconds(report.elapsed)},
-          {"requests_per_second", report.requests_per_second()},
-          {"tokens_per_second", report.tokens_per_second()},
-          {"tokens_per_request", report.tokens_per_request},
-          {"latency_ms",
-           {{"p50", report.LatencyMs(0.5)},
-            {"p90", report.LatencyMs(0.9)},
-            {"p99", report.LatencyMs(0.99)},
-            {"max", report.LatencyMs(1.0)}}}};
+// The load of each step: one, or a sweep's values.
+struct Plan {
+  std::string sweep;  // "", "concurrency" or "rate"
+  std::vector<BenchOptions> steps;
+};
+
+absl::Status CheckFlags(const BenchFlags& f) {
+  auto seconds_ok = [](double s) { return s >= 0 && s <= kMaxDurationSeconds; };
+  if (!seconds_ok(f.duration_seconds) || !seconds_ok(f.warmup_seconds)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--duration and --warmup-seconds must be in [0, ", kMaxDurationSeconds, "] seconds"));
+  }
+  if (f.connections < 1 || f.connections > kMaxConnections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--connections must be in [1, ", kMaxConnections, "]"));
+  }
+  if (f.rate < 0 || f.rate > kMaxRate) {
+    return absl::InvalidArgumentError(absl::StrCat("--rate must be in (0, ", kMaxRate, "]"));
+  }
+  if (!f.concurrency_range.empty() && !f.rate_range.empty()) {
+    return absl::InvalidArgumentError("give --concurrency-range or --rate-range, not both");
+  }
+  if (f.rate > 0 && !f.concurrency_range.empty()) {
+    return absl::InvalidArgumentError("--rate is open loop, --concurrency-range closed: pick one");
+  }
+  if (f.stability_percent < 0 || f.latency_limit_ms < 0) {
+    return absl::InvalidArgumentError("--stability-percent and --latency-limit-ms must be >= 0");
+  }
+  if (f.json && f.csv) return absl::InvalidArgumentError("give --json or --csv, not both");
+  if (!f.metrics_url.empty() && f.metrics_url.rfind("http://", 0) != 0) {
+    return absl::InvalidArgumentError("--metrics-url must be http://HOST:PORT/PATH");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Plan> MakePlan(const BenchFlags& f) {
+  BenchOptions base;
+  base.mode = f.rate > 0 || !f.rate_range.empty() ? LoadMode::kOpen : LoadMode::kClosed;
+  base.concurrency = f.concurrency;
+  base.rate = f.rate;
+  base.arrival = f.arrival == "poisson" ? Arrival::kPoisson : Arrival::kConstant;
+  base.max_in_flight = f.max_in_flight;
+  base.warmup = absl::Seconds(f.warmup_seconds);
+  base.duration = absl::Seconds(f.duration_seconds);
+  base.max_requests = f.requests;
+  base.seed = f.call.seed;
+  Plan plan;
+  const std::string& range = f.rate_range.empty() ? f.concurrency_range : f.rate_range;
+  if (range.empty()) {
+    plan.steps.push_back(base);
+    return plan;
+  }
+  plan.sweep = f.rate_range.empty() ? "concurrency" : "rate";
+  absl::StatusOr<std::vector<double>> values = ParseSweep(range, plan.sweep == "concurrency");
+  if (!values.ok()) return values.status();
+  for (double v : *values) {
+    BenchOptions step = base;
+    if (plan.sweep == "rate") {
+      if (v > kMaxRate) {
+        return absl::InvalidArgumentError(absl::StrCat("--rate-range goes past ", kMaxRate));
+      }
+      step.rate = v;
+    } else if (v > 100000) {
+      return absl::InvalidArgumentError("--concurrency-range goes past 100000");
+    } else {
+      step.concurrency = static_cast<int>(v);
+    }
+    plan.steps.push_back(step);
+  }
+  return plan;
+}
+
+// What was sent, in words, for the reports.
+std::string DescribeWorkload(const BenchFlags& f, const std::vector<WorkItem>& work) {
+  int64_t tokens = 0;
+  for (const WorkItem& item : work) tokens += item.tokens;
+  const double mean = static_cast<double>(tokens) / static_cast<double>(work.size());
+  if (!f.workload.empty()) {
+    return absl::StrFormat("workload %s, %d requests, %.1f valid tokens each on average",
+                           f.workload, work.size(), mean);
+  }
+  if (work.size() > 1) {
+    return absl::StrFormat("%d mixed requests (%s%s%s), %.1f valid tokens each on average",
+                           work.size(), f.kinds.empty() ? f.call.kind : f.kinds,
+                           f.lengths_uniform.empty() ? "" : ", lengths " + f.lengths_uniform,
+                           f.lengths_list.empty() ? "" : ", lengths " + f.lengths_list, mean);
+  }
+  return absl::StrFormat("%s %s, %d valid tokens per request", f.call.kind,
+                         f.call.input.empty()
+                             ? "random " + (f.call.random.empty() ? "8,128" : f.call.random)
+                             : f.call.input,
+                         work[0].tokens);
+}
+
+// The progress line, on stderr when it is a terminal.
+void ShowProgress(size_t step, size_t steps, const StepProgress& p) {
+  std::cerr << absl::StrFormat("\r[step %d/%d] %6.1f s  sent %d  ok %d  failed %d  in flight %d   ",
+                               step + 1, steps, p.seconds, p.sent, p.ok, p.failed, p.in_flight)
+            << std::flush;
 }
 
 // The most frequent error, which the process exits with when any call failed.
-absl::Status WorstError(const BenchReport& report) {
+absl::Status WorstError(const StepReport& report) {
   absl::StatusCode worst = absl::StatusCode::kOk;
   int64_t most = 0;
   for (const auto& [code, n] : report.errors) {
     if (n > most) worst = code, most = n;
   }
   if (worst == absl::StatusCode::kOk) return absl::OkStatus();
-  return absl::Status(
-      worst, absl::StrCat(report.total() - report.ok, " of ", report.total(), " calls failed"));
+  return absl::Status(worst, absl::StrCat(report.failed(), " of ", report.sent, " calls failed"));
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+// Runs the plan's steps in order; a sweep stops after the first step whose p99 passes the limit.
+absl::StatusOr<BenchRun> RunPlan(const LoadEngine& engine, const Plan& plan, const BenchFlags& f) {
+  BenchRun run;
+  run.sweep = plan.sweep;
+  run.latency_limit_ms = f.latency_limit_ms;
+  const bool progress = isatty(STDERR_FILENO) != 0;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    BenchOptions options = plan.steps[i];
+    // One scrape as each window opens (kept per trial: a stable step reports its last windows).
+    std::vector<std::vector<MetricSample>> scrapes;
+    absl::Status scrape_status;
+    if (!f.metrics_url.empty()) {
+      options.window_started = [&] {
+        absl::StatusOr<std::vector<MetricSample>> s = ScrapeMetrics(f.metrics_url);
+        if (!s.ok()) scrape_status = s.status();
+        scrapes.push_back(s.ok() ? *std::move(s) : std::vector<MetricSample>{});
+      };
+    }
+    if (progress) {
+      options.progress = [&, i](const StepProgress& p) { ShowProgress(i, plan.steps.size(), p); };
+    }
+    absl::StatusOr<StepReport> report =
+        RunStableStep(engine, options, f.stability_percent, f.max_trials);
+    if (progress) std::cerr << "\r\033[K" << std::flush;
+    if (!report.ok()) return report.status();
+    BenchStep step{.report = *std::move(report), .server = std::nullopt};
+    if (!f.metrics_url.empty()) {
+      absl::StatusOr<std::vector<MetricSample>> after = ScrapeMetrics(f.metrics_url);
+      if (!after.ok()) scrape_status = after.status();
+      if (!scrape_status.ok()) {
+        return absl::Status(scrape_status.code(),
+                            absl::StrCat("--metrics-url: ", scrape_status.message()));
+      }
+      if (scrapes.size() < static_cast<size_t>(step.report.trials)) {
+        return absl::InternalError("--metrics-url: a window opened without a scrape");
+      }
+      const size_t first = scrapes.size() - static_cast<size_t>(step.report.trials);
+      step.server = DiffServerMetrics(scrapes[first], *after, f.call.model);
+    }
+    const double p99_ms = static_cast<double>(step.report.latency.ValueAtQuantile(0.99)) / 1e3;
+    run.steps.push_back(std::move(step));
+    if (f.latency_limit_ms > 0 && p99_ms > f.latency_limit_ms) {
+      run.stopped_by_latency_limit = i + 1 < plan.steps.size();
+      break;
+    }
+  }
+  return run;
 }
 
 }  // namespace
 
 absl::Status RunBenchCommand(const ConnectionFlags& connection, const BenchFlags& flags) {
-  if (flags.duration_seconds < 0 || flags.duration_seconds > kMaxDurationSeconds) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--duration must be in [0, ", kMaxDurationSeconds, "] seconds"));
+  if (absl::Status s = CheckFlags(flags); !s.ok()) return s;
+  absl::StatusOr<Plan> plan = MakePlan(flags);
+  if (!plan.ok()) return plan.status();
+  // Every connection is made by the client library's one channel-making function.
+  std::vector<std::unique_ptr<AttentionClient>> clients;
+  std::vector<const AttentionClient*> connections;
+  for (int i = 0; i < flags.connections; ++i) {
+    clients.push_back(ConnectFromFlags(connection, i));
+    connections.push_back(clients.back().get());
   }
-  std::unique_ptr<AttentionClient> client = ConnectFromFlags(connection);
-  CallFlags call_flags = flags.call;
-  if (call_flags.input.empty() && call_flags.random.empty()) call_flags.random = "8,128";
-  absl::StatusOr<PreparedCall> prepared = PrepareCall(*client, call_flags);
-  if (!prepared.ok()) return prepared.status();
-  absl::StatusOr<v1::ForwardRequest> request = BuildRequest(prepared->call);
-  if (!request.ok()) return request.status();
+  absl::StatusOr<std::vector<WorkItem>> work = BuildWorkload(*clients[0], flags);
+  if (!work.ok()) return work.status();
+  const std::string workload = DescribeWorkload(flags, *work);
+  LoadEngine engine(connections, *std::move(work));
+  // A failure here (wrong model, bad shape) would fail every timed call too: stop at once.
+  if (absl::Status s = engine.Check(std::max(flags.warmup, 0)); !s.ok()) return s;
+  absl::StatusOr<BenchRun> run = RunPlan(engine, *plan, flags);
+  if (!run.ok()) return run.status();
+  run->target = connection.target;
+  run->workload = workload;
 
-  BenchOptions options;
-  options.concurrency = flags.concurrency;
-  options.duration = absl::Seconds(flags.duration_seconds);
-  options.max_requests = flags.requests;
-  options.warmup_requests = flags.warmup;
-  absl::StatusOr<BenchReport> report = RunBench(*client, *request, options);
-  if (!report.ok()) return report.status();
   if (flags.json) {
-    std::cout << ReportJson(*report, call_flags).dump(2) << "\n";
+    std::cout << RunJson(*run).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+  } else if (flags.csv) {
+    std::cout << RunCsv(*run);
   } else {
-    std::cout << FormatReport(*report);
+    std::cout << RunSummary(*run);
   }
-  return WorstError(*report);
+  if (!flags.html.empty()) {
+    if (absl::Status s = WriteFile(flags.html, RunHtml(*run)); !s.ok()) return s;
+  }
+  return WorstError(MergedRun(*run));
 }
 
 }  // namespace attnserve::client

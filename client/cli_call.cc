@@ -1,4 +1,8 @@
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
@@ -17,16 +21,6 @@ struct SideFlags {
   const std::string& random;
   const std::string& lengths;
 };
-
-// Uniform values in [-1, 1) from a fixed seed, so two runs send the same data.
-FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed) {
-  FloatArray array{.shape = std::move(shape), .values = {}};
-  std::mt19937_64 engine(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  array.values.resize(array.ElementCount());
-  for (float& value : array.values) value = uniform(engine);
-  return array;
-}
 
 // Reads the side's .npy file or makes a random [B, S, width] array from "B,S".
 absl::StatusOr<FloatArray> LoadSide(const SideFlags& side, int64_t width, uint64_t seed) {
@@ -105,8 +99,43 @@ absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, b
 
 }  // namespace
 
-std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags) {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": cannot read it"));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+absl::Status ResolveSecurityFlags(ConnectionFlags* flags) {
+  if (flags->tls_cert.empty() != flags->tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!flags->tls_cert.empty() && flags->tls_ca.empty()) {
+    return absl::InvalidArgumentError("--tls-cert needs --tls-ca (the server's CA)");
+  }
+  for (const auto& [flag, path] :
+       {std::pair{"--tls-ca", &flags->tls_ca}, std::pair{"--tls-cert", &flags->tls_cert},
+        std::pair{"--tls-key", &flags->tls_key}}) {
+    if (absl::StatusOr<std::string> pem = ReadPem(flag, *path); !pem.ok()) return pem.status();
+  }
+  if (flags->token.empty()) {
+    if (const char* token = std::getenv(kTokenEnvironmentVariable)) flags->token = token;
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
+                                                  int connection_index) {
   ClientOptions options;
+  options.connection_index = connection_index;
+  options.tls_ca_pem = ReadPem("--tls-ca", flags.tls_ca).value_or("");
+  options.tls_cert_pem = ReadPem("--tls-cert", flags.tls_cert).value_or("");
+  options.tls_key_pem = ReadPem("--tls-key", flags.tls_key).value_or("");
+  options.token = flags.token;
   options.timeout =
       flags.timeout_seconds > 0 ? absl::Seconds(flags.timeout_seconds) : absl::InfiniteDuration();
   options.max_message_bytes = flags.max_message_mib << 20;
@@ -137,6 +166,15 @@ absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const Ca
     if (!packed.ok()) return packed.status();
   }
   return prepared;
+}
+
+FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed) {
+  FloatArray array{.shape = std::move(shape), .values = {}};
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  array.values.resize(array.ElementCount());
+  for (float& value : array.values) value = uniform(engine);
+  return array;
 }
 
 }  // namespace attnserve::client

@@ -7,8 +7,44 @@
 #include "grpc/grpc.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace attnserve::client {
+namespace {
+
+// Adds the bearer token to each call's metadata. An interceptor rather than call credentials,
+// because gRPC sends call credentials over TLS only and a server may take tokens in plaintext
+// (behind a TLS-terminating proxy); on the channel, so every call of every subcommand has it.
+class BearerTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;
+};
+
+class BearerTokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenInterceptorFactory(const std::string& token)
+      : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new BearerTokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;  // lives as long as the channel, which owns this factory
+};
+
+}  // namespace
 
 const char kRetryServiceConfig[] = R"json({
   "methodConfig": [{
@@ -49,6 +85,7 @@ std::unique_ptr<AttentionClient> AttentionClient::Connect(const std::string& tar
   if (!options.load_balancing_policy.empty()) {
     args.SetLoadBalancingPolicyName(options.load_balancing_policy);
   }
+  if (options.connection_index != 0) args.SetInt("attnserve.connection", options.connection_index);
   if (options.retry) {
     args.SetServiceConfigJSON(kRetryServiceConfig);
     // gRPC keeps a request for retrying only up to this size (256 KiB by default): past it the
@@ -57,8 +94,21 @@ std::unique_ptr<AttentionClient> AttentionClient::Connect(const std::string& tar
   } else {
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   }
-  return std::make_unique<AttentionClient>(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = options.tls_ca_pem;
+    tls.pem_cert_chain = options.tls_cert_pem;
+    tls.pem_private_key = options.tls_key_pem;
+    credentials = grpc::SslCredentials(tls);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options.token.empty()) {
+    interceptors.push_back(std::make_unique<BearerTokenInterceptorFactory>(options.token));
+  }
+  return std::make_unique<AttentionClient>(grpc::experimental::CreateCustomChannelWithInterceptors(
+                                               target, credentials, args, std::move(interceptors)),
+                                           options);
 }
 
 AttentionClient::AttentionClient(std::shared_ptr<grpc::Channel> channel,
@@ -82,6 +132,13 @@ absl::StatusOr<v1::ForwardResponse> AttentionClient::Send(const v1::ForwardReque
   absl::Status status = FromGrpcStatus(stub_->Forward(&context, request, &response));
   if (!status.ok()) return status;
   return response;
+}
+
+void AttentionClient::SendAsync(grpc::ClientContext* context, const v1::ForwardRequest* request,
+                                v1::ForwardResponse* response,
+                                std::function<void(grpc::Status)> done) const {
+  Prepare(context);
+  stub_->async()->Forward(context, request, response, std::move(done));
 }
 
 absl::StatusOr<ForwardResult> AttentionClient::Forward(const ForwardCall& call) const {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,16 @@ struct ClientOptions {
   // "round_robin" spreads calls over every address the target resolves to (a headless
   // Kubernetes Service); empty: gRPC's default, pick_first (one connection).
   std::string load_balancing_policy;
+  // TLS when `tls_ca_pem` is set: the CA bundle (PEM) the server's certificate must chain to,
+  // and for mTLS this client's certificate chain and key (PEM).
+  std::string tls_ca_pem;
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  // When set, every call on the channel carries `authorization: Bearer <token>`.
+  std::string token;
+  // Channels with different indexes open different connections (the load test's
+  // --connections); equal ones share one, as gRPC shares a subchannel between equal channels.
+  int connection_index = 0;
   // Retries Forward and ListModels on UNAVAILABLE (kRetryServiceConfig): both are pure
   // functions of their request, so a call cut off with its replica is safe to send to another.
   bool retry = true;
@@ -59,7 +70,8 @@ class AttentionClient {
   // What grpc.health.v1 answers: SERVING, NOT_SERVING, ...
   using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
 
-  // Opens a channel to `target` ("host:port"); connecting happens on the first call.
+  // Opens a channel to `target` ("host:port"), plaintext or TLS, with the token on every call;
+  // connecting happens on the first call. Every channel of the client is made here.
   static std::unique_ptr<AttentionClient> Connect(const std::string& target,
                                                   const ClientOptions& options = {});
 
@@ -71,6 +83,11 @@ class AttentionClient {
 
   // Sends a prepared request as is: the load test's hot path, which skips re-encoding.
   absl::StatusOr<v1::ForwardResponse> Send(const v1::ForwardRequest& request) const;
+
+  // Starts a call and returns at once (the load test's engine): `done` runs on a gRPC thread
+  // when it ends. `context`, `request` and `response` must live until then.
+  void SendAsync(grpc::ClientContext* context, const v1::ForwardRequest* request,
+                 v1::ForwardResponse* response, std::function<void(grpc::Status)> done) const;
 
   // The models the server has loaded.
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() const;

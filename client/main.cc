@@ -12,6 +12,7 @@ using attnserve::client::BenchFlags;
 using attnserve::client::CallFlags;
 using attnserve::client::ConnectionFlags;
 using attnserve::client::InferFlags;
+using attnserve::client::ResolveSecurityFlags;
 using attnserve::client::RunBenchCommand;
 using attnserve::client::RunHealth;
 using attnserve::client::RunInfer;
@@ -46,17 +47,58 @@ void AddInfer(CLI::App& app, InferFlags& f) {
 }
 
 void AddBench(CLI::App& app, BenchFlags& f) {
-  CLI::App* bench = app.add_subcommand("bench", "Load-test: concurrent Forward calls");
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Load-test: closed or open loop, sweeps, mixed workloads, JSON/CSV/HTML reports");
   AddCallFlags(bench, f.call);
-  bench->add_option("--concurrency,-c", f.concurrency, "Concurrent callers")
-      ->check(CLI::Range(1, 1024))
+  bench->add_option("--connections", f.connections, "Connections (channels) calls are spread over")
       ->capture_default_str();
-  bench->add_option("--duration", f.duration_seconds, "Seconds to run (0: until --requests)")
+  bench->add_option("--concurrency,-c", f.concurrency, "Closed loop: calls in flight")
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  bench->add_option("--requests,-n", f.requests, "Stop after this many calls (0: no limit)")
+  bench->add_option("--rate", f.rate, "Open loop: calls per second, sent on schedule");
+  bench->add_option("--arrival", f.arrival, "Open loop: gaps between calls")
+      ->check(CLI::IsMember({"constant", "poisson"}))
+      ->capture_default_str();
+  bench
+      ->add_option("--max-in-flight", f.max_in_flight,
+                   "Open loop: calls in flight at most; calls due past it are late or unsent")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  bench->add_option("--concurrency-range", f.concurrency_range,
+                    "Sweep: START:END[:STEP], STEP +N (default 1) or xF");
+  bench->add_option("--rate-range", f.rate_range,
+                    "Sweep: START:END[:STEP] calls/s, STEP +N or xF (default x2)");
+  bench
+      ->add_option("--duration", f.duration_seconds,
+                   "Seconds of each step's window (0: until --requests)")
+      ->capture_default_str();
+  bench->add_option("--warmup-seconds", f.warmup_seconds, "Load before each window, not counted")
+      ->capture_default_str();
+  bench->add_option("--requests,-n", f.requests, "Calls per window at most (0: no limit)")
       ->check(CLI::NonNegativeNumber);
-  bench->add_option("--warmup", f.warmup, "Uncounted calls first")->capture_default_str();
+  bench->add_option("--warmup", f.warmup, "Calls sent one by one first, which must succeed")
+      ->capture_default_str();
+  bench->add_option("--stability-percent", f.stability_percent,
+                    "Repeat each window until 3 agree within this % (0: one window)");
+  bench->add_option("--max-trials", f.max_trials, "Windows per step at most with a stability check")
+      ->check(CLI::Range(3, 1000))
+      ->capture_default_str();
+  bench->add_option("--latency-limit-ms", f.latency_limit_ms,
+                    "Sweep: stop after the first step whose p99 passes this");
+  bench->add_option("--lengths-uniform", f.lengths_uniform,
+                    "Mix: each sequence's valid length uniform in MIN:MAX");
+  bench->add_option("--lengths-list", f.lengths_list,
+                    "Mix: lengths drawn from a list, e.g. 16,64,256");
+  bench->add_option("--kinds", f.kinds, "Mix: kinds taken in turn, e.g. bidirectional,causal");
+  bench->add_option("--workload", f.workload,
+                    "Mix: JSON-lines file, one request a line: {\"kind\",\"lengths\",...}");
+  bench->add_option("--pool", f.pool, "Mix: distinct requests made up front")
+      ->capture_default_str();
   bench->add_flag("--json", f.json, "Print the report as JSON");
+  bench->add_flag("--csv", f.csv, "Print the report as CSV, a row per step");
+  bench->add_option("--html", f.html, "Also write a self-contained HTML report with charts");
+  bench->add_option("--metrics-url", f.metrics_url,
+                    "attnserve's http://HOST:PORT/metrics: the server's queue/compute split");
 }
 
 }  // namespace
@@ -77,6 +119,13 @@ int main(int argc, char** argv) {
   app.add_option("--lb-policy", connection.lb_policy,
                  "round_robin: spread calls over every address of the target (dns:///...)")
       ->check(CLI::IsMember({"pick_first", "round_robin"}));
+  app.add_option("--tls-ca", connection.tls_ca,
+                 "PEM CA bundle: connect with TLS, trusting servers it signed");
+  app.add_option("--tls-cert", connection.tls_cert, "PEM client certificate chain, for mTLS");
+  app.add_option("--tls-key", connection.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--token", connection.token,
+                 "Bearer token sent on every call (better: the ATTNSERVE_TOKEN environment "
+                 "variable, which `ps` does not show)");
   app.add_flag("--no-retry", connection.no_retry,
                "Do not retry Forward and ListModels on UNAVAILABLE (by default: up to 5 attempts, "
                "backoff 0.1 s doubling to 1 s, e.g. on another replica when one dies)");
@@ -92,11 +141,13 @@ int main(int argc, char** argv) {
       ->add_option("--service", service, "Service to check (default: the whole server)");
   CLI11_PARSE(app, argc, argv);
 
-  absl::Status status;
-  if (app.got_subcommand("infer")) status = RunInfer(connection, infer);
-  if (app.got_subcommand("bench")) status = RunBenchCommand(connection, bench);
-  if (app.got_subcommand("models")) status = RunModels(connection, models_json);
-  if (app.got_subcommand("health")) status = RunHealth(connection, service);
+  absl::Status status = ResolveSecurityFlags(&connection);
+  if (status.ok()) {
+    if (app.got_subcommand("infer")) status = RunInfer(connection, infer);
+    if (app.got_subcommand("bench")) status = RunBenchCommand(connection, bench);
+    if (app.got_subcommand("models")) status = RunModels(connection, models_json);
+    if (app.got_subcommand("health")) status = RunHealth(connection, service);
+  }
   if (status.ok()) return 0;
   std::cerr << "attnserve-client: " << absl::StatusCodeToString(status.code()) << ": "
             << status.message() << "\n";

@@ -12,12 +12,16 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc          # gRPC 1.51 + grpc_cpp_plugin, grpc_python_plugin
   libprotobuf-dev protobuf-compiler             # protobuf 3.21
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  prometheus-cpp-dev                            # /metrics (prometheus-cpp 1.0 with civetweb)
   python3 python3-grpcio python3-numpy          # the Python client example and its test
 )
 # What only the test suites need (deploy/test.sh); one group per suite.
 test_packages=(
+  openssl                                       # tests/server security suite, python example: certificates
+  chromium                                      # client_bench_html: the load test's HTML report in a headless browser
   nginx                                         # deploy/scaleout-test.sh: nginx balancing gRPC (grpc_pass)
   nodejs npm                                    # client_node_example (client/node) and deploy_k8s_manifests; packages from the npm registry
+  prometheus                                    # prometheus_scrape: a real Prometheus scrapes attnserve
   # tests/fuzz and tests/sanitizers: clang with libFuzzer and the sanitizer runtimes, the OpenMP
   # runtime clang links, llvm-symbolizer for readable reports
   clang-14 libclang-rt-14-dev libomp-14-dev llvm-14

@@ -11,6 +11,7 @@ Admission::Admission(ModelRegistry* registry, CallReporter* reporter, int64_t ma
     : registry_(registry), reporter_(reporter), max_reply_bytes_(max_reply_bytes) {}
 
 void Admission::Admit(Job* job) {
+  reporter_->Arrived();
   if (!accepting()) {
     reporter_->Answer(*job, "", /*decoded=*/false,
                       absl::UnavailableError("the server is shutting down"), {});

@@ -1,25 +1,12 @@
 #include "server/forward_call.h"
 
-#include <chrono>
-
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "server/grpc_status.h"
+#include "server/raw_call.h"
 
 namespace attnserve::server {
 namespace {
-
-using google::protobuf::internal::WireFormatLite;
-
-// The caller's deadline on the steady clock (max() for none).
-Clock::time_point SteadyDeadline(const grpc::CallbackServerContext& context) {
-  const auto deadline = context.deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            deadline - std::chrono::system_clock::now());
-}
 
 absl::Status NotAForwardRequest() {
   return absl::InvalidArgumentError(
@@ -35,20 +22,9 @@ ForwardCall::ForwardCall(grpc::CallbackServerContext* context, const grpc::ByteB
       response_bytes_(response) {}
 
 absl::StatusOr<absl::string_view> ForwardCall::RequestedModel() {
-  // Only field 1 is read; the tensors are skipped over without being copied or parsed, so a
-  // call refused for its model, a full queue or shutdown costs next to nothing.
-  grpc::ProtoBufferReader reader(&request_bytes_);
-  google::protobuf::io::CodedInputStream input(&reader);
-  model_.clear();
-  while (const uint32_t tag = input.ReadTag()) {
-    if (tag == WireFormatLite::MakeTag(v1::ForwardRequest::kModelFieldNumber,
-                                       WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
-      if (!WireFormatLite::ReadString(&input, &model_)) return NotAForwardRequest();
-    } else if (!WireFormatLite::SkipField(&input, tag)) {
-      return NotAForwardRequest();
-    }
+  if (!ScanStringFields(&request_bytes_, {{v1::ForwardRequest::kModelFieldNumber, &model_}})) {
+    return NotAForwardRequest();
   }
-  if (!input.ConsumedEntireMessage()) return NotAForwardRequest();
   return absl::string_view(model_);
 }
 

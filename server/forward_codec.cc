@@ -26,33 +26,34 @@ constexpr int64_t kMaxSequences = int64_t{1} << 16;
 // bytes, the most a gRPC message can carry.
 constexpr int64_t kMaxReplyFloats = (int64_t{1} << 29) - 1;
 
-// The element count of `shape`, refusing a rank other than 2 or 3, non-positive dims and
-// products that overflow.
-absl::StatusOr<int64_t> ElementCount(const v1::Tensor& tensor, absl::string_view what) {
-  const int rank = tensor.shape_size();
+// "[2, 4, 256]".
+std::string ShapeText(std::span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ElementCount(std::span<const int64_t> shape, absl::string_view what) {
+  const int rank = static_cast<int>(shape.size());
   if (rank != 2 && rank != 3) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": shape must be [B, S, width] (padded) or [T, width] (packed), got rank ", rank,
         rank == 0 ? " (shape missing)" : ""));
   }
   int64_t count = 1;
-  for (int i = 0; i < rank; ++i) {
-    const int64_t dim = tensor.shape(i);
+  for (const int64_t dim : shape) {
     if (dim <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": shape [",
-                                                     absl::StrJoin(tensor.shape(), ", "),
-                                                     "] has a non-positive dimension"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": shape ", ShapeText(shape), " has a non-positive dimension"));
     }
     if (count > std::numeric_limits<int64_t>::max() / 4 / dim) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": shape [", absl::StrJoin(tensor.shape(), ", "), "] is too large"));
+          absl::StrCat(what, ": shape ", ShapeText(shape), " is too large"));
     }
     count *= dim;
   }
   return count;
 }
-
-}  // namespace
 
 absl::StatusOr<const float*> RawFloats(absl::string_view bytes, int64_t count,
                                        std::vector<float>* copy) {
@@ -97,16 +98,16 @@ absl::StatusOr<const float*> TensorData(const v1::Tensor& tensor, absl::string_v
 }
 
 // Fills the batch's lengths from the wire's, or full lengths when none are given.
-absl::Status DecodeLengths(const v1::Tensor& tensor, const Lengths& lengths, absl::string_view what,
-                           core::RaggedBatch* batch) {
-  const bool packed = tensor.shape_size() == 2;
-  const int64_t sequences = packed ? std::max<int64_t>(lengths.size(), 1) : tensor.shape(0);
+absl::Status DecodeLengths(std::span<const int64_t> shape, std::span<const int32_t> lengths,
+                           absl::string_view what, core::RaggedBatch* batch) {
+  const bool packed = shape.size() == 2;
+  const int64_t sequences = packed ? std::max<int64_t>(lengths.size(), 1) : shape[0];
   if (sequences > kMaxSequences) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": ", sequences, " sequences in one call, over the limit of ", kMaxSequences));
   }
   if (packed) {
-    const int64_t rows = tensor.shape(0);
+    const int64_t rows = shape[0];
     if (lengths.empty()) {
       batch->lengths = {rows};
       return absl::OkStatus();
@@ -123,13 +124,13 @@ absl::Status DecodeLengths(const v1::Tensor& tensor, const Lengths& lengths, abs
                                                      " but the packed tensor has ", rows, " rows"));
     }
   } else {
-    const int64_t batch_size = tensor.shape(0);
-    batch->padded_length = tensor.shape(1);
+    const int64_t batch_size = shape[0];
+    batch->padded_length = shape[1];
     if (lengths.empty()) {
       batch->lengths.assign(batch_size, batch->padded_length);
       return absl::OkStatus();
     }
-    if (lengths.size() != batch_size) {
+    if (static_cast<int64_t>(lengths.size()) != batch_size) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": ", lengths.size(), " lengths for a batch of ", batch_size));
     }
@@ -138,17 +139,20 @@ absl::Status DecodeLengths(const v1::Tensor& tensor, const Lengths& lengths, abs
   return absl::OkStatus();
 }
 
+// The shape of `tensor`.
+std::span<const int64_t> Shape(const v1::Tensor& tensor) {
+  return {tensor.shape().data(), static_cast<size_t>(tensor.shape_size())};
+}
+
 absl::Status DecodeBatch(const v1::Tensor& tensor, const Lengths& lengths, absl::string_view what,
                          std::vector<float>* copy, bool* raw, core::RaggedBatch* batch) {
   // Shape and data only: finiteness and the layer's widths are Layer::Validate's, run once.
-  absl::StatusOr<int64_t> count = ElementCount(tensor, what);
+  absl::StatusOr<int64_t> count = ElementCount(Shape(tensor), what);
   if (!count.ok()) return count.status();
   absl::StatusOr<const float*> data = TensorData(tensor, what, *count, copy, raw);
   if (!data.ok()) return data.status();
-  batch->data = *data;
-  batch->width = tensor.shape(tensor.shape_size() - 1);
-  batch->padded_length = core::RaggedBatch::kPacked;
-  return DecodeLengths(tensor, lengths, what, batch);
+  return MakeBatch(Shape(tensor), *data,
+                   {lengths.data(), static_cast<size_t>(lengths.size())}, what, batch);
 }
 
 // An absent context and an empty one mean the same: no context.
@@ -162,11 +166,7 @@ bool HasContext(const v1::ForwardRequest& request) {
 // that a repeated field or the wire cannot hold is refused here, whatever admission checked.
 absl::StatusOr<std::span<float>> SizeTensor(const std::vector<int64_t>& shape, int64_t count,
                                             bool raw, v1::Tensor* tensor) {
-  if (count < 0 || count > kMaxReplyFloats) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("a reply tensor of ", count, " floats is over the limit of ",
-                     kMaxReplyFloats));
-  }
+  if (absl::Status status = CheckReplyFloats(count); !status.ok()) return status;
   tensor->mutable_shape()->Assign(shape.begin(), shape.end());
   if (raw) {
     std::string* bytes = tensor->mutable_raw();
@@ -178,6 +178,24 @@ absl::StatusOr<std::span<float>> SizeTensor(const std::vector<int64_t>& shape, i
 }
 
 }  // namespace
+
+absl::Status MakeBatch(std::span<const int64_t> shape, const float* data,
+                       std::span<const int32_t> lengths, absl::string_view what,
+                       core::RaggedBatch* batch) {
+  batch->data = data;
+  batch->width = shape.back();
+  batch->padded_length = core::RaggedBatch::kPacked;
+  return DecodeLengths(shape, lengths, what, batch);
+}
+
+absl::Status CheckReplyFloats(int64_t count) {
+  if (count < 0 || count > kMaxReplyFloats) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a reply tensor of ", count, " floats is over the limit of ",
+                     kMaxReplyFloats));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<core::AttentionKind> KindFromProto(int kind) {
   switch (kind) {

@@ -1,6 +1,7 @@
 #pragma once
 
-// Conversion between the wire's ForwardRequest/ForwardResponse and core::ForwardArgs. Only
+// Conversion between the wire's ForwardRequest/ForwardResponse and core::ForwardArgs, and the
+// tensor-encoding checks every frontend shares (shapes, byte counts, lengths vs rows). Only
 // encoding-level checks live here; the semantic ones (widths, lengths vs S, context vs kind)
 // are core::Layer::Validate's.
 
@@ -38,6 +39,21 @@ v1::AttentionKind KindToProto(core::AttentionKind kind);
 // InvalidArgument, saying what is wrong, for a malformed encoding. Values are not scanned:
 // finiteness is checked once, by core::Layer::Validate at admission.
 absl::Status DecodeForwardRequest(const v1::ForwardRequest& request, DecodedForward* decoded);
+
+// The element count of a batch tensor of `shape`: rank 3 ([B, S, width], padded) or 2
+// ([T, width], packed), positive dimensions, no overflow. InvalidArgument naming `what`.
+absl::StatusOr<int64_t> ElementCount(std::span<const int64_t> shape, absl::string_view what);
+
+// Makes `batch` a view of `data` (ElementCount(shape) floats) with the caller's `lengths`, or
+// full lengths when there are none. InvalidArgument naming `what` when the lengths cannot
+// describe the tensor (count vs B, sum vs T, negative, too many sequences); lengths vs S are
+// the layer's Validate.
+absl::Status MakeBatch(std::span<const int64_t> shape, const float* data,
+                       std::span<const int32_t> lengths, absl::string_view what,
+                       core::RaggedBatch* batch);
+
+// ResourceExhausted for a reply tensor of `count` floats, more than a message field can hold.
+absl::Status CheckReplyFloats(int64_t count);
 
 // `count` float32 values from little-endian `bytes`: in place when the bytes are aligned for
 // float, else copied into `copy` (protobuf gives no alignment promise). InvalidArgument when

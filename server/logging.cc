@@ -1,12 +1,17 @@
 #include "server/logging.h"
 
+#include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/stubs/logging.h"
+#include "grpc/support/log.h"
 #include "nlohmann/json.hpp"
+#include "server/log_summary.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -92,6 +97,46 @@ std::mutex& Mutex() {
   return *mu;
 }
 
+// Lines from gRPC and protobuf, counted per source line: one per site per 10 s at most.
+LogSummarizer& LibrarySummarizer() {
+  static auto* summarizer = new LogSummarizer(std::chrono::seconds(10));
+  return *summarizer;
+}
+
+void LibraryLine(LogLevel level, absl::string_view library, const char* file, int line,
+                 absl::string_view message) {
+  if (!LogEnabled(level)) return;
+  const std::string source = absl::StrCat(library, " ", file != nullptr ? file : "?", ":", line);
+  LibrarySummarizer().Add(level, source, message, {{"source", source}});
+}
+
+void GrpcLine(gpr_log_func_args* args) {
+  LogLevel level = LogLevel::kError;
+  if (args->severity == GPR_LOG_SEVERITY_DEBUG) level = LogLevel::kDebug;
+  if (args->severity == GPR_LOG_SEVERITY_INFO) level = LogLevel::kInfo;
+  LibraryLine(level, "grpc", args->file, args->line, args->message);
+}
+
+void ProtobufLine(google::protobuf::LogLevel severity, const char* file, int line,
+                  const std::string& message) {
+  LogLevel level = LogLevel::kCritical;
+  if (severity == google::protobuf::LOGLEVEL_INFO) level = LogLevel::kInfo;
+  if (severity == google::protobuf::LOGLEVEL_WARNING) level = LogLevel::kWarn;
+  if (severity == google::protobuf::LOGLEVEL_ERROR) level = LogLevel::kError;
+  LibraryLine(level, "protobuf", file, line, message);
+}
+
+// gRPC formats only what its verbosity lets through: debug and trace open it up, other levels
+// keep gRPC's own default (ERROR). GRPC_VERBOSITY, when set, wins.
+void RouteLibraryLogs(LogLevel level) {
+  gpr_set_log_function(GrpcLine);
+  google::protobuf::SetLogHandler(ProtobufLine);
+  if (std::getenv("GRPC_VERBOSITY") != nullptr) return;
+  gpr_set_log_verbosity(level == LogLevel::kTrace   ? GPR_LOG_SEVERITY_DEBUG
+                        : level == LogLevel::kDebug ? GPR_LOG_SEVERITY_INFO
+                                                    : GPR_LOG_SEVERITY_ERROR);
+}
+
 }  // namespace
 
 absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name) {
@@ -114,6 +159,7 @@ absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name) {
 }
 
 void InitLogging(LogLevel level, LogFormat format) {
+  RouteLibraryLogs(level);
   std::lock_guard lock(Mutex());
   LoggerState& state = State();
   state.format = format;
@@ -133,6 +179,8 @@ std::string Clipped(absl::string_view client_text) {
   if (client_text.size() <= kShown) return std::string(client_text);
   return absl::StrCat(client_text.substr(0, kShown), "... (", client_text.size(), " bytes)");
 }
+
+void FlushLibraryLogs() { LibrarySummarizer().Flush(); }
 
 bool LogEnabled(LogLevel level) {
   return level != LogLevel::kOff && State().logger->should_log(ToSpdlog(level));

@@ -27,8 +27,13 @@ absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name);
 // Parses text or json.
 absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name);
 
-// Sets the level and format of every later line (to stderr). Callable again, e.g. by tests.
+// Sets the level and format of every later line (to stderr), gRPC's and protobuf's own lines
+// included: those go through this logger too, summarised per source line (LogSummarizer) so a
+// library complaining once per bad call cannot flood the log. Callable again, e.g. by tests.
 void InitLogging(LogLevel level, LogFormat format);
+
+// Writes the counts of gRPC's and protobuf's summarised lines not yet written (at shutdown).
+void FlushLibraryLogs();
 
 // True when lines of `level` are written: lets callers skip building expensive fields.
 bool LogEnabled(LogLevel level);

@@ -2,8 +2,10 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -29,12 +31,17 @@ constexpr char kModelHelp[] =
     "  precision  what the matmuls run in (default f32)\n"
     "Without --model the built-in demo layer is served as 'demo'.";
 
+// Exit status when the listener stopped accepting connections (the supervisor restarts us).
+constexpr int kExitListenerLost = 3;
+
 struct Flags {
   attnserve::server::ServerOptions options;
   std::vector<std::string> models;
   std::string log_level = "info";
   std::string log_format = "text";
   int shutdown_grace_s = 30;
+  double max_connection_idle_s = 300;
+  double handshake_timeout_s = 10;
 };
 
 void AddFlags(CLI::App& app, Flags& flags) {
@@ -43,6 +50,9 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--port-file", o.port_file,
                  "Once listening, write the bound port (a number and a newline) to this file");
+  app.add_option("--metrics-listen", o.metrics_listen,
+                 "HOST:PORT serving Prometheus metrics at /metrics (plain HTTP); '' or off: none")
+      ->capture_default_str();
   app.add_option("--model", flags.models, kModelHelp);
   app.add_option("--threads", o.compute_threads,
                  "Compute (OpenMP) threads per forward call; 0 = every core")
@@ -80,6 +90,25 @@ void AddFlags(CLI::App& app, Flags& flags) {
          "Seconds queued calls may wait to run after SIGTERM/SIGINT; those still queued then are "
          "answered UNAVAILABLE (a computation already running finishes)")
       ->capture_default_str();
+  app.add_option("--tls-cert", o.tls.cert,
+                 "PEM certificate chain: serve TLS on --listen (re-read when the file changes)");
+  app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", o.tls.client_ca,
+                 "PEM CA bundle: mTLS, every client must present a certificate it signed");
+  app.add_option("--auth-token-file", o.auth_token_file,
+                 "Tokens, one a line: every call on --listen needs 'authorization: Bearer TOKEN' "
+                 "(else UNAUTHENTICATED); re-read when the file changes and on SIGHUP");
+  app.add_option("--health-listen", o.health_listen,
+                 "HOST:PORT of a plaintext port serving only grpc.health.v1 (for probes), with "
+                 "the main port's serving status");
+  app.add_option("--max-connection-idle", flags.max_connection_idle_s,
+                 "Seconds a connection without calls stays open")
+      ->check(CLI::Range(0.001, 2e6))
+      ->capture_default_str();
+  app.add_option("--handshake-timeout", flags.handshake_timeout_s,
+                 "Seconds a new connection has to finish its TLS and HTTP/2 handshake")
+      ->check(CLI::Range(0.001, 2e6))
+      ->capture_default_str();
   app.add_option("--log-level", flags.log_level,
                  "trace, debug (one line per call), info, warn, error, critical or off")
       ->capture_default_str();
@@ -87,13 +116,16 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
 }
 
-// Blocks SIGINT and SIGTERM in this thread and every thread started after (gRPC's, OpenMP's,
-// the schedulers'), so they are only ever received by sigwait, outside any signal handler.
-sigset_t BlockShutdownSignals() {
+// Blocks SIGINT, SIGTERM (shut down), SIGHUP (re-read tokens) and SIGUSR1 (the listener
+// watchdog's "deaf") in this thread and every thread started after (gRPC's, OpenMP's, the
+// schedulers'), so they are only ever received by sigwait, outside any signal handler.
+sigset_t BlockSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   return signals;
 }
@@ -116,6 +148,24 @@ void SleepWhileIdle(char** argv) {
   // Not reached unless exec failed: serve anyway, spinning (slower, not wrong).
 }
 
+// Raises the soft descriptor limit to the hard one: every connection costs a descriptor, and
+// a low soft limit (1024 is common) runs out long before memory or cores do.
+void RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t before = limit.rlim_cur;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
+  }
+  attnserve::server::Log(LogLevel::kInfo, "descriptor limit",
+                         {{"soft_before", static_cast<int64_t>(before)},
+                          {"soft", static_cast<int64_t>(limit.rlim_cur)},
+                          {"hard", static_cast<int64_t>(limit.rlim_max)}});
+}
+
+std::atomic<bool> listener_lost{false};
+
 int Fail(const absl::Status& status) {
   attnserve::server::Log(LogLevel::kCritical, "attnserve cannot start",
                          {{"error", std::string(status.message())}});
@@ -127,7 +177,7 @@ int Fail(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   SleepWhileIdle(argv);
-  const sigset_t signals = BlockShutdownSignals();
+  const sigset_t signals = BlockSignals();
   CLI::App app{
       "attnserve: serves the forward pass of trained multi-head attention layers "
       "over gRPC (attnserve.v1.AttentionService)"};
@@ -141,6 +191,13 @@ int main(int argc, char** argv) {
       attnserve::server::ParseLogFormat(flags.log_format);
   if (!format.ok()) return Fail(format.status());
   attnserve::server::InitLogging(*level, *format);
+  RaiseDescriptorLimit();
+  flags.options.max_connection_idle_ms = static_cast<int>(flags.max_connection_idle_s * 1000);
+  flags.options.handshake_timeout_ms = static_cast<int>(flags.handshake_timeout_s * 1000);
+  flags.options.on_listener_lost = [] {
+    listener_lost.store(true);
+    kill(getpid(), SIGUSR1);
+  };
 
   for (const std::string& flag : flags.models) {
     absl::StatusOr<attnserve::server::ModelConfig> model = attnserve::server::ParseModelFlag(flag);
@@ -152,13 +209,27 @@ int main(int argc, char** argv) {
   if (!server.ok()) return Fail(server.status());
 
   int signal = 0;
-  sigwait(&signals, &signal);
+  while (true) {
+    sigwait(&signals, &signal);
+    if (signal == SIGHUP) {
+      (*server)->ReloadTokens();
+    } else if (signal != SIGUSR1 || listener_lost.load()) {
+      break;
+    }
+  }
+  if (listener_lost.load()) {
+    // Calls on connections already open still finish; then the supervisor restarts us.
+    (*server)->Shutdown(std::chrono::seconds(flags.shutdown_grace_s), std::chrono::milliseconds(0));
+    std::_Exit(kExitListenerLost);
+  }
   attnserve::server::Log(LogLevel::kInfo, "signal received",
                          {{"signal", signal == SIGTERM ? "SIGTERM" : "SIGINT"}});
   // A second signal while draining means "now": the operator does not want to wait.
   std::thread([signals] {
     int again = 0;
-    sigwait(&signals, &again);
+    do {
+      sigwait(&signals, &again);
+    } while (again == SIGHUP || again == SIGUSR1);
     attnserve::server::Log(LogLevel::kWarn, "second signal: exiting without draining");
     std::_Exit(1);
   }).detach();

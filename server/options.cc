@@ -43,6 +43,13 @@ absl::StatusOr<bool> ApplyModelOption(absl::string_view part, ModelConfig* confi
   return true;
 }
 
+bool IsHostPort(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  return colon != absl::string_view::npos && colon != 0 &&
+         absl::SimpleAtoi(address.substr(colon + 1), &port) && port >= 0 && port <= 65535;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseModelFlag(absl::string_view flag) {
@@ -76,12 +83,28 @@ absl::StatusOr<ModelConfig> ParseModelFlag(absl::string_view flag) {
 }
 
 absl::Status CheckOptions(const ServerOptions& options) {
-  const size_t colon = options.listen.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+  if (!IsHostPort(options.listen)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen '", options.listen, "': expected HOST:PORT (PORT 0..65535)"));
+  }
+  if (!options.health_listen.empty() && !IsHostPort(options.health_listen)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--health-listen '", options.health_listen, "': expected HOST:PORT (PORT 0..65535)"));
+  }
+  if (options.tls.cert.empty() != options.tls.key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!options.tls.client_ca.empty() && options.tls.cert.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+  if (options.max_connection_idle_ms <= 0 || options.handshake_timeout_ms <= 0 ||
+      options.listener_check_ms < 0 || options.tls.refresh_seconds <= 0) {
+    return absl::InvalidArgumentError(
+        "connection idle and handshake bounds and the TLS refresh must be positive");
+  }
+  if (!MetricsOff(options.metrics_listen) && !IsHostPort(options.metrics_listen)) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen '", options.metrics_listen,
+                                                   "': expected HOST:PORT (PORT 0..65535) or off"));
   }
   if (options.max_message_mib <= 0 || options.max_message_mib > 2047) {
     return absl::InvalidArgumentError("--max-message-mib must be in 1..2047");

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,12 +15,28 @@ namespace attnserve::server {
 // The path that names the built-in demo layer instead of a file (`--model demo=built-in`).
 inline constexpr absl::string_view kBuiltInSource = "built-in";
 
+// Where Prometheus scrapes /metrics unless --metrics-listen says otherwise (Triton's port).
+inline constexpr absl::string_view kDefaultMetricsListen = "0.0.0.0:8002";
+
+// True when `metrics_listen` turns metrics off ("" or "off").
+inline bool MetricsOff(absl::string_view metrics_listen) {
+  return metrics_listen.empty() || metrics_listen == "off";
+}
+
 // One model to serve: a name clients use, where its weights come from and how to read them.
 struct ModelConfig {
   std::string name;
   std::string path = std::string(kBuiltInSource);  // a safetensors file, or kBuiltInSource
   core::LoadOptions load;
   core::Precision precision = core::Precision::kF32;
+};
+
+// Where the main port's TLS material lives (PEM files); all empty: plaintext.
+struct TlsFiles {
+  std::string cert;          // certificate chain (--tls-cert)
+  std::string key;           // private key (--tls-key)
+  std::string client_ca;     // CA bundle client certificates must chain to (--tls-client-ca)
+  int refresh_seconds = 10;  // how often the files are checked for a rotation
 };
 
 // Everything the server is configured with; main fills it from the command line.
@@ -34,12 +51,26 @@ struct ServerOptions {
   int max_streams = 128;                 // calls in flight per connection (HTTP/2 streams)
   int64_t max_batch_tokens = 4096;       // dynamic batching: token target per run; 0: none
   int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
+  TlsFiles tls;                          // main port: TLS / mTLS when set
+  std::string auth_token_file;           // main port: bearer tokens, one a line, when set
+  std::string health_listen;             // HOST:PORT of a plaintext health-only port, when set
+  // A connection with no call for this long is closed (idle or abandoned half-open peers).
+  int max_connection_idle_ms = 5 * 60 * 1000;
+  // A connection that has not finished its TLS handshake and HTTP/2 settings by then is closed.
+  int handshake_timeout_ms = 10 * 1000;
+  // How often the main listener is probed for still accepting connections; 0: never.
+  int listener_check_ms = 2000;
+  // Runs (on the watchdog's thread) after the listener was found deaf and health turned
+  // NOT_SERVING: main exits non-zero so a supervisor restarts the process.
+  std::function<void()> on_listener_lost;
   // A connection older than this is closed (GOAWAY, ±10 % jitter by gRPC) so that clients
   // reconnect and re-resolve their target: replicas added since then get a share of the calls.
   // 0: never.
   int max_connection_age_s = 300;
   // Calls still running on a connection that reached its age get this long to finish.
   int max_connection_age_grace_s = 60;
+  // HOST:PORT serving /metrics; "" or "off": no metrics (kDefaultMetricsListen by default).
+  std::string metrics_listen = std::string(kDefaultMetricsListen);
 };
 
 // Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'

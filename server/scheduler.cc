@@ -61,7 +61,8 @@ Scheduler::Scheduler(std::string model_name, std::shared_ptr<const core::Layer> 
       layer_(std::move(layer)),
       options_(options),
       executor_(executor),
-      reporter_(reporter) {
+      reporter_(reporter),
+      metrics_(reporter->metrics().AddModel(model_name_)) {
   executor_->Add(this);
 }
 
@@ -96,6 +97,7 @@ void Scheduler::Submit(Job* job) {
     --reserved_;
     queued_tokens_ += tokens;
     job->queue_.store(this);
+    metrics_.SetQueueDepth(static_cast<int>(queue_.size()));
   }
   Log(LogLevel::kTrace, "forward queued", {{"model", model_name_}});
   // The caller may have left between admission and now: CallerGone saw no queue then.
@@ -111,6 +113,7 @@ void Scheduler::Cancel(Job* job) {
     if (it == queue_.end()) return;  // running or answered: nothing to take back
     queued_tokens_ -= it->tokens;
     queue_.erase(it);
+    metrics_.SetQueueDepth(static_cast<int>(queue_.size()));
     ++running_;  // until answered, so Join cannot return before the answer is sent
   }
   absl::Status why = job->CheckAlive();
@@ -165,6 +168,7 @@ void Scheduler::RunNext(Clock::time_point now) {
     jobs = TakeLocked(now, &dead, &expired);
     // Every call taken counts as running until answered, so Join waits for its answer.
     running_ += static_cast<int>(jobs.size() + dead.size() + expired.size());
+    metrics_.SetQueueDepth(static_cast<int>(queue_.size()));
   }
   for (Job* job : dead) Answer(job, job->CheckAlive(now));
   for (Job* job : expired) {
@@ -234,6 +238,7 @@ void Scheduler::RunOne(Job* job, RunInfo run) {
     status = ComputeFailed(e);
   }
   run.compute_seconds = SecondsSince(start);
+  metrics_.ComputeRun(run.batch_calls, run.batch_tokens, run.compute_seconds);
   Answer(job, status, run);
 }
 
@@ -260,6 +265,7 @@ void Scheduler::RunMerged(const std::vector<Job*>& jobs, RunInfo run) {
     status = ComputeFailed(e);
   }
   run.compute_seconds = SecondsSince(start);
+  metrics_.ComputeRun(run.batch_calls, run.batch_tokens, run.compute_seconds);
   // Each call's rows back into its own reply, in its own layout (padded rows stay 0).
   const int64_t width = shapes.output_width;
   const float* src = output.data();

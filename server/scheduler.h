@@ -104,6 +104,7 @@ class Scheduler {
   const SchedulerOptions options_;
   ComputeExecutor* const executor_;
   CallReporter* const reporter_;
+  ModelMetrics& metrics_;  // this model's queue depth, waits and compute runs
 
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;  // pending_ reached 0

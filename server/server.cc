@@ -10,18 +10,24 @@
 #include "absl/strings/str_join.h"
 #include "core/runtime_info.h"
 #include "grpc/grpc.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/credentials.h"
 #include "server/forward_codec.h"
 #include "server/logging.h"
+#include "server/reflection.h"
+#include "server/metrics.h"
 
 namespace attnserve::server {
 namespace {
 
 constexpr std::chrono::milliseconds kFlushTime(1000);
+// A probe of the listener that gRPC has not accepted by then means it no longer accepts.
+constexpr std::chrono::milliseconds kListenerProbeDeadline(3000);
+constexpr std::chrono::seconds kTokenPollInterval(1);
 
 // Writes the port through a temporary file and a rename, so a reader never sees half of it.
 absl::Status WritePortFile(const std::string& path, int port) {
@@ -72,10 +78,47 @@ std::vector<LogField> FieldsOf(const v1::ModelInfo& info) {
 }
 
 void SetHealth(grpc::Server* server, bool serving) {
+  if (server == nullptr) return;
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health == nullptr) return;
   health->SetServingStatus("", serving);
   health->SetServingStatus(kServiceName, serving);
+  health->SetServingStatus(kInferenceServiceName, serving);
+}
+
+// Bounds that hostile or broken peers cannot stretch, on every port: a connection idle for
+// too long is closed (GOAWAY), so is one that does not complete its handshake (TLS and the
+// HTTP/2 settings) in time, and a peer that vanished is found by keepalive pings.
+void BoundConnections(const ServerOptions& options, grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, options.max_connection_idle_ms);
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, options.handshake_timeout_ms);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2 * 60 * 1000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
+  // Without this a second server on a busy port would bind it too (SO_REUSEPORT) and split
+  // the traffic, instead of failing to start.
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+}
+
+// Answers every method the health port does not serve, with a message that says why. It also
+// gives that server the callback completion queue gRPC requires of every server.
+class HealthOnlyRefusal final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    class Refusal final : public grpc::ServerGenericBidiReactor {
+     public:
+      Refusal() {
+        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                            "this port serves only grpc.health.v1.Health"));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal;
+  }
+};
+
+bool IsLoopback(const std::string& listen) {
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  return host == "localhost" || host.starts_with("127.") || host == "[::1]" || host == "::1";
 }
 
 }  // namespace
@@ -87,28 +130,50 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       .max_queue = options.max_queue,
       .max_batch_tokens = options.max_batch_tokens,
       .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us)};
-  server->reporter_ = std::make_unique<CallReporter>();
+  server->metrics_ = MetricsOff(options.metrics_listen) ? Metrics::Disabled() : Metrics::Create();
+  server->reporter_ = std::make_unique<CallReporter>(server->metrics_.get());
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry = ModelRegistry::Load(
       options.models, scheduler_options, options.compute_threads, server->reporter_.get());
   if (!registry.ok()) return registry.status();
   server->registry_ = *std::move(registry);
+  if (absl::Status status = server->StartMetrics(options); !status.ok()) {
+    server->registry_->Drain();
+    return status;
+  }
 
   const int64_t max_bytes = int64_t{options.max_message_mib} << 20;
   server->admission_ = std::make_unique<Admission>(server->registry_.get(),
                                                    server->reporter_.get(), max_bytes);
   server->service_ = std::make_unique<AttentionService>(server->admission_.get());
+  server->inference_service_ = std::make_unique<InferenceService>(server->admission_.get());
 
-  // Both process-wide switches must be set before the builder is made.
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::shared_ptr<TokenAuthenticator>> auth =
+        TokenAuthenticator::Load(options.auth_token_file);
+    if (!auth.ok()) {
+      server->registry_->Drain();
+      return auth.status();
+    }
+    server->auth_ = *std::move(auth);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options.tls, server->auth_);
+  if (!credentials.ok()) {
+    server->registry_->Drain();
+    return credentials.status();
+  }
+
+  // A process-wide switch that must be set before the builder is made; reflection is chosen
+  // per builder (the health port must not serve it).
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, *credentials, &server->port_);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->inference_service_.get());
+  builder.SetOption(ReflectionOption());
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
-  // Without this a second server on a busy port would bind it too (SO_REUSEPORT) and split
-  // the traffic, instead of failing to start.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  BoundConnections(options, &builder);
   // A connection's calls past this wait in its client (HTTP/2 flow of streams) rather than
   // crossing the wire only to be refused: under overload, refused megabytes would take the
   // cores from the calls being computed.
@@ -132,15 +197,77 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->address_ =
       absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", server->port_);
-  SetHealth(server->grpc_server_.get(), true);
+  if (absl::Status status = server->StartHealthPort(options); !status.ok()) {
+    server->Shutdown(std::chrono::milliseconds(0));
+    return status;
+  }
+  server->SetServing(true);
   if (!options.port_file.empty()) {
     if (absl::Status status = WritePortFile(options.port_file, server->port_); !status.ok()) {
       server->Shutdown(std::chrono::milliseconds(0));
       return status;
     }
   }
+  server->StartWatchers(options);
   server->LogSummary(options);
   return server;
+}
+
+absl::Status Server::StartHealthPort(const ServerOptions& options) {
+  if (options.health_listen.empty()) return absl::OkStatus();
+  // Only the default health service: nothing else is registered, so every other method is
+  // UNIMPLEMENTED here, and no token is asked (Kubernetes' gRPC probes send none).
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(),
+                           &health_port_);
+  BoundConnections(options, &builder);
+  builder.SetOption(WithoutReflectionOption());
+  health_refusal_ = std::make_unique<HealthOnlyRefusal>();
+  builder.RegisterCallbackGenericService(health_refusal_.get());
+  builder.SetMaxReceiveMessageSize(4096);
+  health_server_ = builder.BuildAndStart();
+  if (health_server_ == nullptr || health_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.health_listen,
+                                               " (--health-listen)"));
+  }
+  return absl::OkStatus();
+}
+
+void Server::StartWatchers(const ServerOptions& options) {
+  if (auth_ != nullptr) {
+    token_reloader_ = std::thread([this] {
+      std::unique_lock lock(reload_mu_);
+      while (!reload_wake_.wait_for(lock, kTokenPollInterval, [this] { return stop_reloading_; })) {
+        auth_->ReloadIfChanged();
+      }
+    });
+  }
+  if (options.listener_check_ms == 0) return;
+  watchdog_ = ListenerWatchdog::Start(
+      port_, std::chrono::milliseconds(options.listener_check_ms), kListenerProbeDeadline,
+      [this, on_lost = options.on_listener_lost] {
+        SetServing(false);
+        Log(LogLevel::kCritical,
+            "listener no longer accepts connections (e.g. after descriptors ran out): "
+            "NOT_SERVING, exiting for a restart",
+            {{"address", address_}});
+        if (on_lost) on_lost();
+      });
+}
+
+void Server::SetServing(bool serving) {
+  SetHealth(grpc_server_.get(), serving);
+  SetHealth(health_server_.get(), serving);
+}
+
+void Server::ReloadTokens() {
+  if (auth_ == nullptr) return;
+  if (absl::Status status = auth_->Reload(); !status.ok()) {
+    Log(LogLevel::kWarn, "auth tokens not reloaded; the previous ones stay in force",
+        {{"error", std::string(status.message())}});
+    return;
+  }
+  Log(LogLevel::kInfo, "auth tokens reloaded", {{"tokens", auth_->token_count()}});
 }
 
 Server::~Server() { Shutdown(); }
@@ -151,22 +278,71 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
   shut_down_ = true;
   const auto start = std::chrono::steady_clock::now();
   Log(LogLevel::kInfo, "shutting down: draining calls", {{"address", address_}});
+  // The listener is about to close on purpose: its watchdog must not take that for deafness.
+  watchdog_.reset();
+  {
+    std::lock_guard reload_lock(reload_mu_);
+    stop_reloading_ = true;
+  }
+  reload_wake_.notify_all();
+  if (token_reloader_.joinable()) token_reloader_.join();
   // Load balancers first, so they stop sending; then refuse what still arrives.
-  SetHealth(grpc_server_.get(), false);
+  SetServing(false);
   admission_->StopAccepting();
   registry_->Drain(start + grace);
-  std::this_thread::sleep_until(start + lame_duck);
+  // The lame duck counts from the end of the drain: however long the drain took, a call that
+  // arrives now is still refused UNAVAILABLE by the service, not cut by gRPC's shutdown.
+  std::this_thread::sleep_for(lame_duck);
   // Every accepted call is answered by now; gRPC only has replies to flush. It would otherwise
   // wait out the whole grace for idle client connections to close.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::min(grace, kFlushTime));
   grpc_server_->Wait();
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown(std::chrono::system_clock::now());
+    health_server_->Wait();
+  }
+  // main exits without destructors: what the summaries still count is written now.
+  reporter_->FlushLog();
+  FlushLibraryLogs();
   Log(LogLevel::kInfo, "stopped", {{"address", address_}});
+}
+
+absl::Status Server::StartMetrics(const ServerOptions& options) {
+  if (MetricsOff(options.metrics_listen)) return absl::OkStatus();
+  for (const auto& model : registry_->models()) {
+    const core::LayerSpec& spec = model->layer->spec();
+    metrics_->SetModelInfo(
+        {.name = model->name,
+         .layout = std::string(core::LayoutName(spec.layout)),
+         .precision = std::string(core::PrecisionName(model->layer->precision())),
+         .d_model = spec.d_model,
+         .d_context = spec.d_context,
+         .num_heads = spec.num_heads,
+         .head_dim = spec.head_dim});
+  }
+  absl::StatusOr<int> port = metrics_->Serve(options.metrics_listen);
+  if (port.ok()) {
+    metrics_port_ = *port;
+  } else if (options.metrics_listen == kDefaultMetricsListen) {
+    // Only the default may be busy (a second server on the machine): serving without metrics
+    // beats not serving. A port the operator chose must work.
+    Log(LogLevel::kWarn, "serving without metrics: pass --metrics-listen HOST:PORT (or off)",
+        {{"error", std::string(port.status().message())}});
+  } else {
+    return port.status();
+  }
+  return absl::OkStatus();
 }
 
 void Server::LogSummary(const ServerOptions& options) const {
   const core::RuntimeInfo runtime = core::GetRuntimeInfo();
+  const bool tls = !options.tls.cert.empty();
   Log(LogLevel::kInfo, "attnserve listening",
       {{"address", address_},
+       {"transport", tls ? (options.tls.client_ca.empty() ? "tls" : "mtls") : "plaintext"},
+       {"auth", auth_ != nullptr ? "bearer tokens" : "none"},
+       {"health_port", health_port_},
+       {"metrics_port", metrics_port_},
        {"models", static_cast<int64_t>(registry_->models().size())},
        {"onednn", runtime.dnnl_version},
        {"isa", runtime.cpu_isa},
@@ -175,6 +351,13 @@ void Server::LogSummary(const ServerOptions& options) const {
        {"max_message_mib", options.max_message_mib},
        {"max_queue", options.max_queue},
        {"max_batch_tokens", options.max_batch_tokens}});
+  if (!tls && !IsLoopback(options.listen)) {
+    Log(LogLevel::kWarn,
+        "PLAINTEXT on a non-loopback address: anyone who can reach this port can call it and "
+        "read the traffic; use --tls-cert/--tls-key (and --auth-token-file) outside a trusted "
+        "network",
+        {{"address", address_}});
+  }
   for (const auto& model : registry_->models()) {
     Log(LogLevel::kInfo, "model loaded", FieldsOf(DescribeModel(*model)));
   }

@@ -1,22 +1,32 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 #include "server/admission.h"
 #include "server/attention_service.h"
 #include "server/call_reporter.h"
+#include "server/listener_watchdog.h"
+#include "server/inference_service.h"
+#include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/options.h"
+#include "server/token_auth.h"
 
 namespace attnserve::server {
 
 // The service name clients and health checks use.
 inline constexpr char kServiceName[] = "attnserve.v1.AttentionService";
+
+// The Open Inference Protocol's service, on the same port.
+inline constexpr char kInferenceServiceName[] = "inference.GRPCInferenceService";
 
 // A running attnserve: models loaded, gRPC listening, health SERVING. Used by main and, at
 // localhost:0, by the service tests.
@@ -35,8 +45,18 @@ class Server {
   // The port bound (the chosen one when the options asked for port 0).
   int port() const { return port_; }
 
+  // The port /metrics is served on; 0 when metrics are off or could not bind the default.
+  int metrics_port() const { return metrics_port_; }
+
   // HOST:PORT as bound.
   const std::string& address() const { return address_; }
+
+  // The plaintext health-only port bound for --health-listen (0: none).
+  int health_port() const { return health_port_; }
+
+  // Re-reads --auth-token-file now (main calls it on SIGHUP; changes are also noticed within
+  // a second without it). No-op without tokens.
+  void ReloadTokens();
 
   // Calls accepted and not yet answered (queued or computing), over every model.
   int pending_calls() const { return registry_->pending(); }
@@ -44,24 +64,43 @@ class Server {
   // Graceful stop: health NOT_SERVING, new calls UNAVAILABLE, queued and running calls finish;
   // calls still queued when `grace` ends are answered UNAVAILABLE (a running computation
   // finishes). The service keeps answering new calls UNAVAILABLE for at least `lame_duck`
-  // (clients and load balancers move away) before gRPC stops, since gRPC's own shutdown cuts a
-  // call that reaches it then as CANCELLED. Idempotent.
+  // (clients and load balancers move away), counted from the end of the drain however long it
+  // took, before gRPC stops, since gRPC's own shutdown cuts a call that reaches it then as
+  // CANCELLED. The health port answers NOT_SERVING throughout and stops last. Idempotent.
   void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(30),
                 std::chrono::milliseconds lame_duck = std::chrono::milliseconds(0));
 
  private:
   Server() = default;
+  absl::Status StartHealthPort(const ServerOptions& options);
+  void StartWatchers(const ServerOptions& options);
+  void SetServing(bool serving);
+  absl::Status StartMetrics(const ServerOptions& options);
   void LogSummary(const ServerOptions& options) const;
 
+  // Declared first: the schedulers and the service record into it until they are gone.
+  std::unique_ptr<Metrics> metrics_;
+  int metrics_port_ = 0;
   std::unique_ptr<CallReporter> reporter_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<AttentionService> service_;
+  std::shared_ptr<TokenAuthenticator> auth_;  // null: no tokens asked for
+  std::unique_ptr<InferenceService> inference_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<grpc::CallbackGenericService> health_refusal_;
+  std::unique_ptr<grpc::Server> health_server_;  // null without --health-listen
+  std::unique_ptr<ListenerWatchdog> watchdog_;
   int port_ = 0;
+  int health_port_ = 0;
   std::string address_;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by shutdown_mu_
+  // Polls the token file for changes until shutdown.
+  std::mutex reload_mu_;
+  std::condition_variable reload_wake_;
+  bool stop_reloading_ = false;  // guarded by reload_mu_
+  std::thread token_reloader_;
 };
 
 }  // namespace attnserve::server

@@ -88,8 +88,11 @@ def main():
 
     def attnserve(name, *flags):
         port = free_port()
+        # Metrics on, as deployed, each server on a port of its own.
+        metrics = ([] if "--metrics-listen" in extra
+                   else ["--metrics-listen", f"127.0.0.1:{free_port()}"])
         return Server(name, [binary, "--listen", f"127.0.0.1:{port}", "--log-level", "warn",
-                             *flags, *extra], port)
+                             *metrics, *flags, *extra], port)
 
     print(f"load before: {os.getloadavg()}", file=sys.stderr)
     ours = attnserve("attnserve")
@@ -109,6 +112,8 @@ def main():
             nob = measure(args, off, batch=batch, seq=seq)
             bl = measure(args, base, batch=batch, seq=seq) if base else None
             rows.append((f"Forward {batch}x{seq}, 8 callers", on, nob, bl))
+        infer = measure(args, ours, method="infer")
+        rows.append(("ModelInfer 1x16, 8 callers", infer, None, None))
         gain_on = measure(args, ours, callers=64)
         gain_off = measure(args, off, callers=64)
         rows.append(("Forward 1x16, 64 callers", gain_on, gain_off, None))
@@ -139,6 +144,8 @@ def main():
     small = rows[1][1]
     print(f"1x16 Forward / health Check: calls/s {small['calls_per_s'] / f_rate:.2f}, "
           f"server CPU per call {small['server_cpu_us_per_call'] / f_cpu:.2f}")
+    print(f"ModelInfer / Forward 1x16, server CPU per call: "
+          f"{infer['server_cpu_us_per_call'] / small['server_cpu_us_per_call']:.2f} (target <= 1.10)")
     if base:
         for name, a, _, c in rows[1:5]:
             print(f"{name}: attnserve / baseline calls/s {a['calls_per_s'] / c['calls_per_s']:.2f}")

@@ -4,8 +4,8 @@
 // gRPC's generic stub on the callback API, so the client costs next to nothing per call and the
 // same for every server and method: gRPC's health Check on the same server is the floor.
 //
-//   serving_load --target 127.0.0.1:50051 --pid PID --method forward --batch 1 --seq 16
-//                --callers 8 --seconds 5
+//   serving_load --target 127.0.0.1:50051 --pid PID --method forward|infer|health --batch 1
+//                --seq 16 --callers 8 --seconds 5
 
 #include <unistd.h>
 
@@ -30,6 +30,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "inference/grpc_service.pb.h"
 
 namespace {
 
@@ -54,6 +55,32 @@ struct Options {
   double seconds = 5, warmup = 1;
 };
 
+// The call's input, [batch, seq, width] float32 from a fixed seed.
+std::vector<float> Input(const Options& o) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(static_cast<size_t>(o.batch) * o.seq * o.width);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+// The same call as ForwardBytes over the Open Inference Protocol (raw FP32 input, `kind`).
+std::string InferBytes(const Options& o) {
+  inference::ModelInferRequest request;
+  request.set_model_name(o.model);
+  (*request.mutable_parameters())["kind"].set_string_param(o.kind);
+  auto* input = request.add_inputs();
+  input->set_name("input");
+  input->set_datatype("FP32");
+  input->add_shape(o.batch);
+  input->add_shape(o.seq);
+  input->add_shape(o.width);
+  const std::vector<float> x = Input(o);
+  request.add_raw_input_contents()->assign(reinterpret_cast<const char*>(x.data()),
+                                           x.size() * sizeof(float));
+  return request.SerializeAsString();
+}
+
 std::string ForwardBytes(const Options& o) {
   attnserve::v1::ForwardRequest request;
   request.set_model(o.model);
@@ -62,10 +89,7 @@ std::string ForwardBytes(const Options& o) {
   std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
   if (!attnserve::v1::AttentionKind_Parse(upper, &kind)) kind = attnserve::v1::ATTENTION_KIND_UNSPECIFIED;
   request.set_kind(kind);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(static_cast<size_t>(o.batch) * o.seq * o.width);
-  for (float& v : x) v = normal(rng);
+  const std::vector<float> x = Input(o);
   auto* input = request.mutable_input();
   input->add_shape(o.batch);
   input->add_shape(o.seq);
@@ -168,7 +192,7 @@ int main(int argc, char** argv) {
   Options o;
   app.add_option("--target", o.target)->required();
   app.add_option("--pid", o.pid, "server process, for its CPU per call");
-  app.add_option("--method", o.method)->check(CLI::IsMember({"health", "forward"}));
+  app.add_option("--method", o.method)->check(CLI::IsMember({"health", "forward", "infer"}));
   app.add_option("--batch", o.batch);
   app.add_option("--seq", o.seq);
   app.add_option("--width", o.width, "the model's d_model");
@@ -183,10 +207,16 @@ int main(int argc, char** argv) {
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   auto channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
-  const bool health = o.method == "health";
-  Load load(channel,
-            health ? "/grpc.health.v1.Health/Check" : "/attnserve.v1.AttentionService/Forward",
-            health ? std::string() : ForwardBytes(o));
+  std::string method = "/attnserve.v1.AttentionService/Forward", body;
+  if (o.method == "health") {
+    method = "/grpc.health.v1.Health/Check";
+  } else if (o.method == "infer") {
+    method = "/inference.GRPCInferenceService/ModelInfer";
+    body = InferBytes(o);
+  } else {
+    body = ForwardBytes(o);
+  }
+  Load load(channel, method, body);
   load.Start(o.callers);
   std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup));
   const double cpu0 = o.pid ? CpuSeconds(o.pid) : 0;

@@ -48,7 +48,7 @@ async function startServer(workdir, models) {
   const portFile = path.join(workdir, 'port');
   const log = fs.openSync(path.join(workdir, 'server.log'), 'w');
   const proc = spawn(args.server, ['--listen', '127.0.0.1:0', '--port-file', portFile, '--threads', '2',
-    ...models.map((m) => `--model=${m}`)], { stdio: ['ignore', log, log] });
+    '--metrics-listen=off', ...models.map((m) => `--model=${m}`)], { stdio: ['ignore', log, log] });
   let exited = null;
   proc.on('exit', (code) => { exited = code; });
   for (let i = 0; i < 600; i++) {

@@ -2,6 +2,8 @@
 """ctest driver: runs client/python/example.py against a real attnserve, then checks that
 attnserve-client's .npy files and a Python gRPC call agree on the same data (numpy writes the
 input file, numpy reads the output file). Ends the server with SIGTERM and expects a clean exit.
+Then runs the example again against a TLS server that asks for a bearer token (certificates made
+by openssl here), with the token from ATTNSERVE_TOKEN, and checks that without it the call fails.
 """
 import argparse
 import os
@@ -26,13 +28,52 @@ def save_numpy_layer(example, path):
                       "out_proj.bias": rng.standard_normal(d)}, num_heads=2)
 
 
-def start_server(server, workdir, models):
+def make_certificates(workdir):
+    """A CA and a server certificate for localhost signed by it; returns (ca, cert, key)."""
+    def openssl(*argv):
+        subprocess.run(["openssl", *argv], check=True, capture_output=True, cwd=workdir)
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+            "-days", "1", "-subj", "/CN=attnserve-test-ca")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=localhost")
+    with open(os.path.join(workdir, "san.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.pem", "-days", "1", "-extfile", "san.ext")
+    return [os.path.join(workdir, n) for n in ("ca.pem", "server.pem", "server.key")]
+
+
+def check_example_over_tls_with_token(args, workdir):
+    """example.py --tls-ca with ATTNSERVE_TOKEN against a TLS server with tokens."""
+    ca, cert, key = make_certificates(workdir)
+    tokens = os.path.join(workdir, "tokens")
+    with open(tokens, "w") as f:
+        f.write("example-token-1\n")
+    proc, target = start_server(args.server, workdir, ["demo=built-in"], [
+        "--tls-cert", cert, "--tls-key", key, "--auth-token-file", tokens], name="tls")
+    target = target.replace("127.0.0.1", "localhost")  # the name the certificate holds
+    try:
+        example = [sys.executable, args.example, "--target", target, "--model", "demo",
+                   "--stubs", args.stubs, "--tls-ca", ca]
+        env = dict(os.environ, ATTNSERVE_TOKEN="example-token-1")
+        run = subprocess.run(example, env=env, timeout=120)
+        assert run.returncode == 0, f"example.py over TLS with a token exited {run.returncode}"
+        env.pop("ATTNSERVE_TOKEN")
+        run = subprocess.run(example, env=env, timeout=120, capture_output=True, text=True)
+        assert run.returncode != 0 and "UNAUTHENTICATED" in run.stderr, run.stderr[-2000:]
+        print("example.py over TLS: answered with the token, UNAUTHENTICATED without")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def start_server(server, workdir, models, extra=(), name="server"):
     """Starts attnserve on a free loopback port; returns (process, "127.0.0.1:PORT")."""
-    port_file = os.path.join(workdir, "port")
-    log = open(os.path.join(workdir, "server.log"), "w")
-    flags = [f"--model={m}" for m in models]
+    port_file = os.path.join(workdir, f"{name}.port")
+    log = open(os.path.join(workdir, f"{name}.log"), "w")
+    flags = [f"--model={m}" for m in models] + list(extra)
     proc = subprocess.Popen([server, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                             "--threads", "2"] + flags, stdout=log, stderr=subprocess.STDOUT)
+                             "--threads", "2", "--metrics-listen=off"] + flags, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -97,6 +138,7 @@ def main():
                 code = "killed"
             print(open(os.path.join(workdir, "server.log")).read()[-2000:])
         assert code == 0, f"attnserve exited {code} on SIGTERM"
+        check_example_over_tls_with_token(args, workdir)
     print("ok")
 
 

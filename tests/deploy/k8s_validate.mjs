@@ -6,11 +6,21 @@
 import { readFileSync, readdirSync, statSync } from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
+import { pathToFileURL } from "node:url";
 
 // ESM ignores NODE_PATH: resolve the packages from it by hand.
 const require = createRequire(path.join(process.env.NODE_PATH ?? process.cwd(), "noop.js"));
 const resolve = (name) => require.resolve(name);
 const { parseAllDocuments } = await import(resolve("yaml"));
+
+// Custom resources with schemas of their own (deploy/k8s/monitoring/). Their packages export
+// ESM only, which require.resolve cannot see: the file is found from the package's directory.
+const crdPackages = {
+  "monitoring.coreos.com": "@kubernetes-models/prometheus-operator",
+  "keda.sh": "@kubernetes-models/keda",
+};
+const crdModule = (pkg, group, version, kind) => pathToFileURL(
+  path.join(path.dirname(resolve(`${pkg}/package.json`)), group, version, `${kind}.js`)).href;
 
 let bad = 0;
 let checked = 0;
@@ -25,10 +35,11 @@ for (const file of files) {
     const name = `${file}: ${obj.kind}/${obj.metadata?.name}`;
     if (!obj.apiVersion || !obj.kind) { console.error(`${name}: no apiVersion or kind`); bad++; continue; }
     const [group, version] = obj.apiVersion.includes("/") ? obj.apiVersion.split("/") : [null, obj.apiVersion];
-    const module = group ? `kubernetes-models/${group}/${version}/${obj.kind}` : `kubernetes-models/${version}/${obj.kind}`;
+    const module = crdPackages[group] ? crdModule(crdPackages[group], group, version, obj.kind)
+      : resolve(group ? `kubernetes-models/${group}/${version}/${obj.kind}` : `kubernetes-models/${version}/${obj.kind}`);
     let Model;
     try {
-      const m = await import(resolve(module));
+      const m = await import(module);
       Model = m[obj.kind] ?? m.default?.[obj.kind] ?? m.default;
     } catch {
       console.log(`${name}: skipped (no schema for ${obj.apiVersion} ${obj.kind})`);

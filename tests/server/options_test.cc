@@ -48,6 +48,21 @@ TEST(CheckOptionsTest, RefusesBadListenAndDuplicates) {
   EXPECT_FALSE(CheckOptions(o).ok());
 }
 
+TEST(CheckOptionsTest, MetricsListenIsHostPortOrOff) {
+  ServerOptions o;
+  EXPECT_EQ(o.metrics_listen, "0.0.0.0:8002");
+  for (const char* good : {"127.0.0.1:9464", "[::1]:0", "off", ""}) {
+    o.metrics_listen = good;
+    EXPECT_TRUE(CheckOptions(o).ok()) << good;
+  }
+  for (const char* bad : {"8002", "localhost:99999", "on", ":8002"}) {
+    o.metrics_listen = bad;
+    const absl::Status status = CheckOptions(o);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("--metrics-listen"), std::string::npos) << status;
+  }
+}
+
 TEST(GrpcStatusTest, SameCodeAndMessage) {
   const grpc::Status s = ToGrpcStatus(absl::NotFoundError("no model 'x'"));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);

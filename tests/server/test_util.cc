@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -153,6 +154,8 @@ std::unique_ptr<Server> StartServer(ServerOptions options) {
   auto level = ParseLogLevel(level_name ? level_name : "off");
   InitLogging(level.ok() ? *level : LogLevel::kOff, LogFormat::kText);
   options.listen = "localhost:0";
+  // The default metrics port is machine-wide, and tests run side by side.
+  if (options.metrics_listen == kDefaultMetricsListen) options.metrics_listen = "off";
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   if (!server.ok()) {
     ADD_FAILURE_AT(__FILE__, __LINE__);
@@ -330,13 +333,34 @@ absl::StatusOr<std::vector<std::string>> ReflectionServices(grpc::Channel* chann
   return names;
 }
 
-ChildServer::ChildServer(const std::vector<std::string>& args, const std::string& output_path)
+ChildServer::ChildServer(const std::vector<std::string>& args, const std::string& output_path,
+                         int max_open_files)
     : output_path_(output_path) {
   std::vector<std::string> argv_storage = {ATTNSERVE_BINARY};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  // The default metrics port is machine-wide, and tests run side by side.
+  if (std::none_of(args.begin(), args.end(),
+                   [](const std::string& a) { return a.starts_with("--metrics-listen"); })) {
+    argv_storage.push_back("--metrics-listen=off");
+  }
   std::vector<char*> argv;
   for (std::string& a : argv_storage) argv.push_back(a.data());
   argv.push_back(nullptr);
+  if (max_open_files > 0) {
+    // posix_spawn cannot set a limit; only async-signal-safe calls between fork and exec.
+    const int out = open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out, 1);
+      dup2(out, 2);
+      const rlimit limit{static_cast<rlim_t>(max_open_files), static_cast<rlim_t>(max_open_files)};
+      setrlimit(RLIMIT_NOFILE, &limit);
+      execve(argv[0], argv.data(), environ);
+      _exit(127);
+    }
+    close(out);
+    return;
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 1, output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
@@ -390,6 +414,15 @@ int ChildServer::Wait(std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return -1;
+}
+
+bool ChildServer::Exited(int* exit_code) {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) != pid_) return false;
+  pid_ = -1;
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return true;
 }
 
 std::string ChildServer::Output() const {

@@ -70,8 +70,10 @@ absl::StatusOr<std::vector<std::string>> ReflectionServices(grpc::Channel* chann
 // A child process of the real attnserve binary, its stdout and stderr in one file.
 class ChildServer {
  public:
-  // Starts attnserve with `args`; `port_file` is added when not empty.
-  ChildServer(const std::vector<std::string>& args, const std::string& output_path);
+  // Starts attnserve with `args`; `port_file` is added when not empty. With `max_open_files`
+  // > 0 the child runs under that RLIMIT_NOFILE (soft and hard), set between fork and exec.
+  ChildServer(const std::vector<std::string>& args, const std::string& output_path,
+              int max_open_files = 0);
   ~ChildServer();
 
   // Waits for the port file to appear; 0 when it did not within `timeout`.
@@ -83,6 +85,9 @@ class ChildServer {
   // Waits for the child to exit; its exit code, or -1 if killed by a signal or not exited
   // within `timeout` (then it is killed).
   int Wait(std::chrono::milliseconds timeout);
+
+  // True (with its exit code, or -1 if killed by a signal) once the child has exited.
+  bool Exited(int* exit_code);
 
   // Everything the child wrote so far.
   std::string Output() const;

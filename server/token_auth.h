@@ -1,0 +1,63 @@
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/security/auth_metadata_processor.h"
+
+namespace attnserve::server {
+
+// Reads a token file: one token a line; blank lines, surrounding spaces and `#` comment lines
+// are ignored. Fails when the file cannot be read or holds no token.
+absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path);
+
+// True when `a` and `b` are equal, in a time that depends only on the length of `a` (the
+// presented token), so a caller cannot learn a token byte by byte from the answer's timing.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+// The one place that decides whether a call on the main port is authenticated: gRPC runs it on
+// each call's initial metadata, before the request message is read, and fails the call with
+// UNAUTHENTICATED when `authorization: Bearer TOKEN` is missing or names no current token.
+// Tokens come from a file and are re-read when it changes (ReloadIfChanged) or on demand
+// (Reload, on SIGHUP); they are never logged.
+class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
+ public:
+  // Loads the tokens of `path`; fails with the file's problem (never its content).
+  static absl::StatusOr<std::shared_ptr<TokenAuthenticator>> Load(const std::string& path);
+
+  // Re-reads the file. A file that cannot be read or is empty (e.g. caught mid-rotation) keeps
+  // the current tokens and returns the problem.
+  absl::Status Reload();
+
+  // Re-reads the file when its modification time, size or inode changed since the last read
+  // (a Kubernetes Secret rotates by swapping a symlink: a new inode).
+  void ReloadIfChanged();
+
+  // How many tokens are accepted now.
+  int token_count() const;
+
+  // Checks without blocking, on gRPC's own thread.
+  bool IsBlocking() const override { return false; }
+
+  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
+                       OutputMetadata* consumed_auth_metadata,
+                       OutputMetadata* response_metadata) override;
+
+ private:
+  explicit TokenAuthenticator(std::string path) : path_(std::move(path)) {}
+
+  // The file's identity (mtime, size, inode), to notice a change without reading it.
+  std::string FileStamp() const;
+
+  const std::string path_;
+  mutable std::mutex mu_;
+  std::vector<std::string> tokens_;  // guarded by mu_
+  std::string stamp_;                // guarded by mu_
+};
+
+}  // namespace attnserve::server
