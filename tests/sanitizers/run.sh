@@ -29,7 +29,7 @@ case "$mode" in
     # Nor SchedulerTest.ACallWhoseDeadlinePassesLeavesTheQueueThen: it reads pending() as soon as
     # the call is answered, and the scheduler counts the call as running until just after its
     # answer (Answer, then Finished), so the slower TSan build sees 1 in about 1 run of 3.
-    build=build-tsan sanitize=thread targets=(server_tests)
+    build=build-tsan sanitize=thread targets=(server_tests attnserve-client)
     ctest_args=(-L server -E '^(ShutdownTest\.|SchedulerTest\.ACallWhoseDeadlinePassesLeavesTheQueueThen$)')
     # OpenMP's runtimes (libomp for our kernel, libgomp inside oneDNN) are not instrumented:
     # one compute thread keeps their workers, and TSan's false reports about them, away.
