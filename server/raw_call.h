@@ -46,8 +46,8 @@ class RawCall : public Job {
     grpc::Status answer = ToGrpcStatus(status);
     if (status.ok() && response_ != nullptr) {
       bool own_buffer = false;
-      answer = grpc::SerializationTraits<Response>::Serialize(*response_, response_bytes_,
-                                                              &own_buffer);
+      answer =
+          grpc::SerializationTraits<Response>::Serialize(*response_, response_bytes_, &own_buffer);
     }
     // After this gRPC may call OnDone at any time, which deletes this call: touch nothing.
     reactor_.Finish(answer);
