@@ -44,8 +44,10 @@ COPY --from=build /build/server/attnserve /build/client/attnserve-client /usr/lo
 USER 10001:10001
 # Weights are mounted here (read-only is enough); without --model the demo layer is served.
 WORKDIR /models
-EXPOSE 50051 8002
+EXPOSE 50051 8002 8081
+# The HEALTHCHECK asks the plaintext health-only port, so it keeps working when the main port
+# serves TLS or asks for tokens; arguments that replace CMD should keep --health-listen.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-  CMD ["attnserve-client", "--target", "127.0.0.1:50051", "--timeout", "3", "health"]
+  CMD ["attnserve-client", "--target", "127.0.0.1:8081", "--timeout", "3", "--no-retry", "health"]
 ENTRYPOINT ["attnserve"]
-CMD ["--listen", "0.0.0.0:50051"]
+CMD ["--listen", "0.0.0.0:50051", "--health-listen", "0.0.0.0:8081"]

@@ -41,7 +41,7 @@ done
 if [[ "$ENGINE" == podman ]]; then
   $ENGINE healthcheck run "$NAME" && echo "HEALTHCHECK: healthy"
 else
-  $ENGINE exec "$NAME" attnserve-client --target 127.0.0.1:50051 health
+  $ENGINE exec "$NAME" attnserve-client --target 127.0.0.1:8081 health
 fi
 echo "user in the container: $($ENGINE exec "$NAME" id -u)"
 
@@ -56,7 +56,7 @@ model=$PWD/tests/fixtures/w_torch_mha.safetensors
 if [[ -f "$model" ]]; then
   $ENGINE run -d --name "$NAME-model" -p "127.0.0.1:$PORT:50051" \
     -v "$model:/models/mha.safetensors:ro" "$IMAGE" \
-    --listen 0.0.0.0:50051 --model mha=/models/mha.safetensors >/dev/null
+    --listen 0.0.0.0:50051 --health-listen 0.0.0.0:8081 --model mha=/models/mha.safetensors >/dev/null
   trap 'cleanup; $ENGINE rm -f "$NAME-model" >/dev/null 2>&1; [[ "$context" != . ]] && rm -rf "$context"' EXIT
   for _ in $(seq 1 60); do
     "$CLIENT" --target "$target" --timeout 2 health >/dev/null 2>&1 && break

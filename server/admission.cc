@@ -54,8 +54,8 @@ absl::Status Admission::Queue(Job* job, ServedModel& model) {
   const int64_t bytes = job->ReplyBytes(model.layer->Shapes(job->args()));
   if (bytes > max_reply_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat("the reply would take ", bytes,
-                                                     " bytes, over the limit of ",
-                                                     max_reply_bytes_, " (--max-message-mib)"));
+                                                     " bytes, over the limit of ", max_reply_bytes_,
+                                                     " (--max-message-mib)"));
   }
   model.scheduler->Submit(job);
   return absl::OkStatus();

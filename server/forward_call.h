@@ -1,57 +1,30 @@
 #pragma once
 
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attention.pb.h"
-#include "google/protobuf/arena.h"
-#include "grpcpp/server_context.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/server_callback.h"
 #include "server/forward_codec.h"
-#include "server/job.h"
+#include "server/raw_call.h"
 
 namespace attnserve::server {
 
-// One attnserve.v1 Forward call: the request's bytes as gRPC received them (the service's raw
-// method, so a body that is not a ForwardRequest gets a clear INVALID_ARGUMENT), parsed by us
-// onto an arena only once the call holds a queue place, and answered through its own reactor,
-// which takes the call out of its queue the moment the caller leaves. Made with `new`; deletes
-// itself when gRPC is done with the call.
-class ForwardCall final : public Job {
+// One attnserve.v1 Forward call: a RawCall whose body is a ForwardRequest, decoded by the v1
+// codec.
+class ForwardCall final : public RawCall<v1::ForwardRequest, v1::ForwardResponse> {
  public:
   ForwardCall(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-              grpc::ByteBuffer* response);
-
-  // What gRPC's handler returns.
-  grpc::ServerUnaryReactor* reactor() { return &reactor_; }
+              grpc::ByteBuffer* response)
+      : RawCall(context, request, response) {}
 
   absl::StatusOr<absl::string_view> RequestedModel() override;
   absl::Status Decode() override;
   const core::ForwardArgs& args() const override { return decoded_.args; }
   int64_t ReplyBytes(const core::ForwardShapes& shapes) const override;
   absl::StatusOr<ForwardBuffers> Buffers(const core::ForwardShapes& shapes) override;
-  void Finish(const absl::Status& status) override;
 
  private:
-  class Reactor final : public grpc::ServerUnaryReactor {
-   public:
-    explicit Reactor(ForwardCall* call) : call_(call) {}
-    void OnCancel() override { call_->CallerGone(); }
-    void OnDone() override { delete call_; }
-
-   private:
-    ForwardCall* const call_;
-  };
-
-  grpc::ByteBuffer request_bytes_;  // shares gRPC's slices, no copy
-  grpc::ByteBuffer* const response_bytes_;
-  Reactor reactor_{this};
   std::string model_;
-  google::protobuf::Arena arena_;
-  v1::ForwardRequest* request_ = nullptr;
-  v1::ForwardResponse* response_ = nullptr;
   DecodedForward decoded_;
 };
 

@@ -151,8 +151,8 @@ absl::Status DecodeBatch(const v1::Tensor& tensor, const Lengths& lengths, absl:
   if (!count.ok()) return count.status();
   absl::StatusOr<const float*> data = TensorData(tensor, what, *count, copy, raw);
   if (!data.ok()) return data.status();
-  return MakeBatch(Shape(tensor), *data,
-                   {lengths.data(), static_cast<size_t>(lengths.size())}, what, batch);
+  return MakeBatch(Shape(tensor), *data, {lengths.data(), static_cast<size_t>(lengths.size())},
+                   what, batch);
 }
 
 // An absent context and an empty one mean the same: no context.
@@ -190,9 +190,8 @@ absl::Status MakeBatch(std::span<const int64_t> shape, const float* data,
 
 absl::Status CheckReplyFloats(int64_t count) {
   if (count < 0 || count > kMaxReplyFloats) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("a reply tensor of ", count, " floats is over the limit of ",
-                     kMaxReplyFloats));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a reply tensor of ", count, " floats is over the limit of ", kMaxReplyFloats));
   }
   return absl::OkStatus();
 }

@@ -88,8 +88,8 @@ absl::Status CheckOptions(const ServerOptions& options) {
         absl::StrCat("--listen '", options.listen, "': expected HOST:PORT (PORT 0..65535)"));
   }
   if (!options.health_listen.empty() && !IsHostPort(options.health_listen)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--health-listen '", options.health_listen, "': expected HOST:PORT (PORT 0..65535)"));
+    return absl::InvalidArgumentError(absl::StrCat("--health-listen '", options.health_listen,
+                                                   "': expected HOST:PORT (PORT 0..65535)"));
   }
   if (options.tls.cert.empty() != options.tls.key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");

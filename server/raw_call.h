@@ -1,15 +1,20 @@
 #pragma once
 
 // What the frontends' raw methods (attnserve.v1 Forward, the Open Inference Protocol's
-// ModelInfer) share: the caller's deadline, and reading the few fields admission needs before
-// the call is parsed.
+// ModelInfer) share: the call's bytes, arena, reply and reactor (RawCall), the caller's
+// deadline, and reading the few fields admission needs before the call is parsed.
 
 #include <initializer_list>
 #include <string>
 #include <utility>
 
+#include "google/protobuf/arena.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/server_callback.h"
+#include "server/grpc_status.h"
 #include "server/job.h"
 
 namespace attnserve::server {
@@ -23,5 +28,69 @@ Clock::time_point SteadyDeadline(const grpc::CallbackServerContext& context);
 // protobuf message.
 bool ScanStringFields(grpc::ByteBuffer* bytes,
                       std::initializer_list<std::pair<int, std::string*>> fields);
+
+// One call of a raw unary method whose body is a `Request` and whose reply a `Response`: the
+// request's bytes as gRPC received them (so a body that is not a `Request` gets a clear
+// INVALID_ARGUMENT from the frontend's codec, not gRPC's bare UNIMPLEMENTED), parsed onto an
+// arena only once admission asks, the reply serialized from the same arena, and a reactor that
+// takes the call out of its queue the moment the caller leaves. Made with `new`; deletes itself
+// when gRPC is done with the call. Frontends add what their protocol decides (RequestedModel,
+// Decode, args, ReplyBytes, Buffers).
+template <typename Request, typename Response>
+class RawCall : public Job {
+ public:
+  // What gRPC's handler returns.
+  grpc::ServerUnaryReactor* reactor() { return &reactor_; }
+
+  void Finish(const absl::Status& status) final {
+    grpc::Status answer = ToGrpcStatus(status);
+    if (status.ok() && response_ != nullptr) {
+      bool own_buffer = false;
+      answer =
+          grpc::SerializationTraits<Response>::Serialize(*response_, response_bytes_, &own_buffer);
+    }
+    // After this gRPC may call OnDone at any time, which deletes this call: touch nothing.
+    reactor_.Finish(answer);
+  }
+
+ protected:
+  RawCall(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+          grpc::ByteBuffer* response)
+      : Job(Clock::now(), SteadyDeadline(*context)),
+        request_bytes_(*request),
+        response_bytes_(response) {}
+
+  // Parses the request onto the arena (request_): false when the bytes are not a `Request`.
+  bool Parse() {
+    request_ = google::protobuf::Arena::CreateMessage<Request>(&arena_);
+    grpc::ProtoBufferReader reader(&request_bytes_);
+    return request_->ParseFromZeroCopyStream(&reader);
+  }
+
+  // The reply, made on the arena when compute starts; Finish sends it.
+  Response* NewResponse() {
+    response_ = google::protobuf::Arena::CreateMessage<Response>(&arena_);
+    return response_;
+  }
+
+  grpc::ByteBuffer request_bytes_;  // shares gRPC's slices, no copy
+  Request* request_ = nullptr;      // after Parse
+
+ private:
+  class Reactor final : public grpc::ServerUnaryReactor {
+   public:
+    explicit Reactor(RawCall* call) : call_(call) {}
+    void OnCancel() override { call_->CallerGone(); }
+    void OnDone() override { delete call_; }
+
+   private:
+    RawCall* const call_;
+  };
+
+  grpc::ByteBuffer* const response_bytes_;
+  Reactor reactor_{this};
+  google::protobuf::Arena arena_;
+  Response* response_ = nullptr;
+};
 
 }  // namespace attnserve::server

@@ -18,8 +18,8 @@
 #include "server/credentials.h"
 #include "server/forward_codec.h"
 #include "server/logging.h"
-#include "server/reflection.h"
 #include "server/metrics.h"
+#include "server/reflection.h"
 
 namespace attnserve::server {
 namespace {
@@ -142,8 +142,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
 
   const int64_t max_bytes = int64_t{options.max_message_mib} << 20;
-  server->admission_ = std::make_unique<Admission>(server->registry_.get(),
-                                                   server->reporter_.get(), max_bytes);
+  server->admission_ =
+      std::make_unique<Admission>(server->registry_.get(), server->reporter_.get(), max_bytes);
   server->service_ = std::make_unique<AttentionService>(server->admission_.get());
   server->inference_service_ = std::make_unique<InferenceService>(server->admission_.get());
 
@@ -218,8 +218,7 @@ absl::Status Server::StartHealthPort(const ServerOptions& options) {
   // Only the default health service: nothing else is registered, so every other method is
   // UNIMPLEMENTED here, and no token is asked (Kubernetes' gRPC probes send none).
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(),
-                           &health_port_);
+  builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(), &health_port_);
   BoundConnections(options, &builder);
   builder.SetOption(WithoutReflectionOption());
   health_refusal_ = std::make_unique<HealthOnlyRefusal>();
@@ -227,8 +226,8 @@ absl::Status Server::StartHealthPort(const ServerOptions& options) {
   builder.SetMaxReceiveMessageSize(4096);
   health_server_ = builder.BuildAndStart();
   if (health_server_ == nullptr || health_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.health_listen,
-                                               " (--health-listen)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.health_listen, " (--health-listen)"));
   }
   return absl::OkStatus();
 }

@@ -59,20 +59,34 @@ class Server:
             self.proc.kill()
 
 
-def measure(args, server, method="forward", batch=1, seq=16, callers=8, reps=None):
-    runs = []
-    for _ in range(reps or args.reps):
-        out = subprocess.run(
-            [os.path.join(args.build, "tests", "bench", "serving_load"),
-             "--target", f"127.0.0.1:{server.port}", "--pid", str(server.proc.pid),
-             "--method", method, "--batch", str(batch), "--seq", str(seq),
-             "--callers", str(callers), "--seconds", str(args.seconds)],
-            check=True, capture_output=True, text=True).stdout
-        runs.append(json.loads(out.strip().splitlines()[-1]))
+def run_once(args, server, method="forward", batch=1, seq=16, callers=8):
+    out = subprocess.run(
+        [os.path.join(args.build, "tests", "bench", "serving_load"),
+         "--target", f"127.0.0.1:{server.port}", "--pid", str(server.proc.pid),
+         "--method", method, "--batch", str(batch), "--seq", str(seq),
+         "--callers", str(callers), "--seconds", str(args.seconds)],
+        check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def measure(args, *runs):
+    """Medians of args.reps repetitions of each (server, options) run, the runs interleaved in
+    every repetition, so a load change on the shared machine hits all of them alike."""
+    results = [[] for _ in runs]
+    for _ in range(args.reps):
+        for i, (server, options) in enumerate(runs):
+            if server is not None:
+                results[i].append(run_once(args, server, **options))
     keys = ["calls_per_s", "ok_per_s", "server_cpu_us_per_call", "p50_ms", "p99_ms"]
-    median = {k: statistics.median(r[k] for r in runs) for k in keys}
-    median["codes"] = runs[-1]["codes"]
-    return median
+    medians = []
+    for r in results:
+        if not r:
+            medians.append(None)
+            continue
+        median = {k: statistics.median(x[k] for x in r) for k in keys}
+        median["codes"] = r[-1]["codes"]
+        medians.append(median)
+    return medians if len(medians) > 1 else medians[0]
 
 
 def main():
@@ -105,23 +119,20 @@ def main():
                                    os.path.join(args.build, "python")], port)
     rows = []
     try:
-        floor = measure(args, ours, method="health")
+        floor = measure(args, (ours, {"method": "health"}))
         rows.append(("health Check (floor), 8 callers", floor, None, None))
         for batch, seq in [(1, 16), (1, 128), (8, 128), (4, 256)]:
-            on = measure(args, ours, batch=batch, seq=seq)
-            nob = measure(args, off, batch=batch, seq=seq)
-            bl = measure(args, base, batch=batch, seq=seq) if base else None
+            shape = {"batch": batch, "seq": seq}
+            on, nob, bl = measure(args, (ours, shape), (off, shape), (base, shape))
             rows.append((f"Forward {batch}x{seq}, 8 callers", on, nob, bl))
-        infer = measure(args, ours, method="infer")
+        infer, forward = measure(args, (ours, {"method": "infer"}), (ours, {}))
         rows.append(("ModelInfer 1x16, 8 callers", infer, None, None))
-        gain_on = measure(args, ours, callers=64)
-        gain_off = measure(args, off, callers=64)
+        gain_on, gain_off = measure(args, (ours, {"callers": 64}), (off, {"callers": 64}))
         rows.append(("Forward 1x16, 64 callers", gain_on, gain_off, None))
-        one_on = measure(args, ours, callers=1)
-        one_off = measure(args, off, callers=1)
+        one_on, one_off = measure(args, (ours, {"callers": 1}), (off, {"callers": 1}))
         rows.append(("Forward 1x16, 1 caller", one_on, one_off, None))
-        few = measure(args, ours, batch=4, seq=256, callers=32)
-        many = measure(args, ours, batch=4, seq=256, callers=256)
+        few, many = measure(args, (ours, {"batch": 4, "seq": 256, "callers": 32}),
+                            (ours, {"batch": 4, "seq": 256, "callers": 256}))
         rows.append(("Forward 4x256, 32 callers", few, None, None))
         rows.append(("Forward 4x256, 256 callers", many, None, None))
     finally:
@@ -145,7 +156,7 @@ def main():
     print(f"1x16 Forward / health Check: calls/s {small['calls_per_s'] / f_rate:.2f}, "
           f"server CPU per call {small['server_cpu_us_per_call'] / f_cpu:.2f}")
     print(f"ModelInfer / Forward 1x16, server CPU per call: "
-          f"{infer['server_cpu_us_per_call'] / small['server_cpu_us_per_call']:.2f} (target <= 1.10)")
+          f"{infer['server_cpu_us_per_call'] / forward['server_cpu_us_per_call']:.2f} (target <= 1.10)")
     if base:
         for name, a, _, c in rows[1:5]:
             print(f"{name}: attnserve / baseline calls/s {a['calls_per_s'] / c['calls_per_s']:.2f}")

@@ -1,13 +1,12 @@
 // The attnserve.v1 codec on its own: raw bytes read in place or through the copy when they are
 // not aligned for float, encoding errors, and the reply writer's own size checks.
 
-#include "server/forward_codec.h"
-
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/forward_codec.h"
 
 namespace attnserve::server::testing {
 namespace {

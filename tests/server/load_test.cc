@@ -19,17 +19,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::system_clock;
 
-// A demo-layer call big enough to keep the worker busy for a while: [batch, seq, 256].
-v1::ForwardRequest HeavyDemoCall(int64_t batch, int64_t seq) {
-  std::vector<float> values(batch * seq * 256);
-  for (size_t i = 0; i < values.size(); ++i) values[i] = std::cos(0.001f * static_cast<float>(i));
-  v1::ForwardRequest r;
-  r.set_model("demo");
-  r.set_kind(v1::ATTENTION_KIND_BIDIRECTIONAL);
-  *r.mutable_input() = MakeTensor({batch, seq, 256}, values, true);
-  return r;
-}
-
 ServerOptions DemoOptions() {
   ServerOptions options;
   ModelConfig demo;
@@ -94,12 +83,12 @@ TEST(LoadTest, RequestOverTheMessageLimitIsResourceExhausted) {
     v1::ForwardResponse response;
     grpc::ClientContext context;
     const grpc::Status status =
-        stub->Forward(&context, HeavyDemoCall(2, 1024), &response);  // 2 MiB
+        stub->Forward(&context, DemoRequest(2, 1024), &response);  // 2 MiB
     EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
   }
   {
     // A small request whose reply (the attention probabilities) would be over the limit.
-    v1::ForwardRequest request = HeavyDemoCall(1, 512);
+    v1::ForwardRequest request = DemoRequest(1, 512);
     request.set_return_attention(true);  // 4 heads x 512 x 512 floats = 4 MiB
     v1::ForwardResponse response;
     grpc::ClientContext context;
@@ -108,7 +97,7 @@ TEST(LoadTest, RequestOverTheMessageLimitIsResourceExhausted) {
   }
   v1::ForwardResponse response;
   grpc::ClientContext context;
-  EXPECT_TRUE(stub->Forward(&context, HeavyDemoCall(1, 16), &response).ok());
+  EXPECT_TRUE(stub->Forward(&context, DemoRequest(1, 16), &response).ok());
 }
 
 // Fires `n` calls at once from their own threads; their status codes.
@@ -136,7 +125,7 @@ TEST(LoadTest, AFullQueueAnswersResourceExhaustedAndTheRestSucceed) {
   std::unique_ptr<Server> server = StartServer(options);
   ASSERT_NE(server, nullptr);
   const auto codes =
-      FireTogether(server->port(), 12, HeavyDemoCall(4, 256), std::chrono::seconds(30));
+      FireTogether(server->port(), 12, DemoRequest(4, 256), std::chrono::seconds(30));
   int ok = 0, exhausted = 0;
   for (grpc::StatusCode code : codes) {
     ok += code == grpc::StatusCode::OK;
@@ -153,11 +142,11 @@ TEST(LoadTest, DeadlinesAndCancellationWhileQueuedAreAnswered) {
   auto stub = v1::AttentionService::NewStub(Connect(server->port()));
   // Keep the worker busy, then queue calls that expire or are cancelled behind it.
   std::thread busy(
-      [&] { FireTogether(server->port(), 2, HeavyDemoCall(8, 512), std::chrono::seconds(30)); });
+      [&] { FireTogether(server->port(), 2, DemoRequest(8, 512), std::chrono::seconds(30)); });
   for (int i = 0; i < 2000 && server->pending_calls() < 2; ++i) {
     std::this_thread::sleep_for(milliseconds(1));
   }
-  const auto expired = FireTogether(server->port(), 4, HeavyDemoCall(1, 64), milliseconds(20));
+  const auto expired = FireTogether(server->port(), 4, DemoRequest(1, 64), milliseconds(20));
   for (grpc::StatusCode code : expired) EXPECT_EQ(code, grpc::StatusCode::DEADLINE_EXCEEDED);
   {
     v1::ForwardResponse response;
@@ -166,14 +155,14 @@ TEST(LoadTest, DeadlinesAndCancellationWhileQueuedAreAnswered) {
       std::this_thread::sleep_for(milliseconds(20));
       context.TryCancel();
     });
-    const grpc::Status status = stub->Forward(&context, HeavyDemoCall(1, 64), &response);
+    const grpc::Status status = stub->Forward(&context, DemoRequest(1, 64), &response);
     canceller.join();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
   }
   busy.join();
   v1::ForwardResponse response;
   grpc::ClientContext context;
-  EXPECT_TRUE(stub->Forward(&context, HeavyDemoCall(1, 64), &response).ok());
+  EXPECT_TRUE(stub->Forward(&context, DemoRequest(1, 64), &response).ok());
 }
 
 TEST(ShutdownTest, HealthGoesNotServingNewCallsAreRefusedQueuedCallsFinish) {
@@ -184,7 +173,7 @@ TEST(ShutdownTest, HealthGoesNotServingNewCallsAreRefusedQueuedCallsFinish) {
   const int port = server->port();
   std::vector<grpc::StatusCode> queued;
   std::thread callers(
-      [&] { queued = FireTogether(port, 4, HeavyDemoCall(8, 512), std::chrono::seconds(30)); });
+      [&] { queued = FireTogether(port, 4, DemoRequest(8, 512), std::chrono::seconds(30)); });
   for (int i = 0; i < 2000 && server->pending_calls() < 4; ++i) {
     std::this_thread::sleep_for(milliseconds(1));
   }
@@ -203,7 +192,7 @@ TEST(ShutdownTest, HealthGoesNotServingNewCallsAreRefusedQueuedCallsFinish) {
       saw_not_serving = true;
       v1::ForwardResponse response;
       grpc::ClientContext context;
-      saw_refusal = stub->Forward(&context, HeavyDemoCall(1, 8), &response).error_code() ==
+      saw_refusal = stub->Forward(&context, DemoRequest(1, 8), &response).error_code() ==
                     grpc::StatusCode::UNAVAILABLE;
     }
     std::this_thread::sleep_for(milliseconds(5));

@@ -25,16 +25,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-v1::ForwardRequest DemoCall(int64_t batch, int64_t seq) {
-  std::vector<float> values(batch * seq * 256);
-  for (size_t i = 0; i < values.size(); ++i) values[i] = std::cos(0.001f * static_cast<float>(i));
-  v1::ForwardRequest r;
-  r.set_model("demo");
-  r.set_kind(v1::ATTENTION_KIND_BIDIRECTIONAL);
-  *r.mutable_input() = MakeTensor({batch, seq, 256}, values, true);
-  return r;
-}
-
 grpc::StatusCode Call(v1::AttentionService::Stub* stub, const v1::ForwardRequest& request) {
   v1::ForwardResponse response;
   grpc::ClientContext context;
@@ -69,13 +59,13 @@ TEST(MetricsServiceTest, ScrapeAfterAKnownSequenceOfCalls) {
   auto stub = v1::AttentionService::NewStub(Connect(server->port()));
 
   // 3 OK calls of 16 tokens; 2 with a width the model does not have; 1 for a missing model.
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(Call(stub.get(), DemoCall(1, 16)), grpc::StatusCode::OK);
-  v1::ForwardRequest narrow = DemoCall(1, 4);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Call(stub.get(), DemoRequest(1, 16)), grpc::StatusCode::OK);
+  v1::ForwardRequest narrow = DemoRequest(1, 4);
   *narrow.mutable_input() = MakeTensor({1, 4, 7}, std::vector<float>(28, 0.5f), true);
   for (int i = 0; i < 2; ++i) {
     ASSERT_EQ(Call(stub.get(), narrow), grpc::StatusCode::INVALID_ARGUMENT);
   }
-  v1::ForwardRequest missing = DemoCall(1, 4);
+  v1::ForwardRequest missing = DemoRequest(1, 4);
   missing.set_model("no-such-model");
   ASSERT_EQ(Call(stub.get(), missing), grpc::StatusCode::NOT_FOUND);
 
@@ -86,7 +76,7 @@ TEST(MetricsServiceTest, ScrapeAfterAKnownSequenceOfCalls) {
   for (int i = 0; i < kHeavy; ++i) {
     threads.emplace_back([&, i] {
       auto own = v1::AttentionService::NewStub(Connect(server->port()));
-      codes[i] = Call(own.get(), DemoCall(4, 256));
+      codes[i] = Call(own.get(), DemoRequest(4, 256));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -165,16 +155,16 @@ TEST(LogAbuseTest, AFloodOfBadCallsLeavesFewJsonLines) {
   auto stub = v1::AttentionService::NewStub(channel);
 
   std::map<grpc::StatusCode, int> seen;
-  v1::ForwardRequest narrow = DemoCall(1, 4);
+  v1::ForwardRequest narrow = DemoRequest(1, 4);
   *narrow.mutable_input() = MakeTensor({1, 4, 7}, std::vector<float>(28, 0.5f), true);
   for (int i = 0; i < 100; ++i) ++seen[Call(stub.get(), narrow)];
   // Invalid UTF-8 in a proto3 string: protobuf itself complains about each one.
-  v1::ForwardRequest bad_utf8 = DemoCall(1, 4);
+  v1::ForwardRequest bad_utf8 = DemoRequest(1, 4);
   bad_utf8.set_model("\xff\xfe\xc3\x28 model");
   const std::string bad_utf8_bytes = bad_utf8.SerializeAsString();
   for (int i = 0; i < 100; ++i) ++seen[RawCall(channel, bad_utf8_bytes)];
   for (int i = 0; i < 50; ++i) {
-    v1::ForwardRequest missing = DemoCall(1, 4);
+    v1::ForwardRequest missing = DemoRequest(1, 4);
     missing.set_model("missing-" + std::to_string(i));
     ++seen[Call(stub.get(), missing)];
   }

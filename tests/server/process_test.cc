@@ -23,15 +23,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-v1::ForwardRequest DemoCall(int64_t batch, int64_t seq) {
-  std::vector<float> values(batch * seq * 256);
-  for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.002f * static_cast<float>(i));
-  v1::ForwardRequest r;
-  r.set_kind(v1::ATTENTION_KIND_CAUSAL);
-  *r.mutable_input() = MakeTensor({batch, seq, 256}, values, true);
-  return r;
-}
-
 TEST(ProcessTest, SigtermFinishesCallsInFlightAndExitsZero) {
   const std::string port_file = TempPath("sigterm.port");
   ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--log-level", "trace",
@@ -54,7 +45,8 @@ TEST(ProcessTest, SigtermFinishesCallsInFlightAndExitsZero) {
       v1::ForwardResponse response;
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + seconds(30));
-      const grpc::Status status = stub->Forward(&context, DemoCall(4, 256), &response);
+      const grpc::Status status =
+          stub->Forward(&context, DemoRequest(4, 256, v1::ATTENTION_KIND_CAUSAL), &response);
       codes[i] = status.error_code();
       if (status.ok()) {
         const std::string& raw = response.output().raw();
@@ -151,7 +143,8 @@ TEST(ProcessTest, JsonLogsAreOneObjectPerLine) {
   {
     v1::ForwardResponse response;
     grpc::ClientContext context;
-    ASSERT_TRUE(stub->Forward(&context, DemoCall(1, 8), &response).ok());
+    ASSERT_TRUE(
+        stub->Forward(&context, DemoRequest(1, 8, v1::ATTENTION_KIND_CAUSAL), &response).ok());
   }
   child.Signal(SIGINT);
   EXPECT_EQ(child.Wait(seconds(20)), 0);

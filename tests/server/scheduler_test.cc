@@ -26,8 +26,8 @@ using std::chrono::seconds;
 constexpr int64_t kWidth = 256;  // the demo layer's d_model
 
 std::shared_ptr<const core::Layer> DemoLayer() {
-  static const std::shared_ptr<const core::Layer> layer = *core::Layer::Create(
-      core::MakeDemoWeights());
+  static const std::shared_ptr<const core::Layer> layer =
+      *core::Layer::Create(core::MakeDemoWeights());
   return layer;
 }
 
@@ -238,8 +238,7 @@ TEST(SchedulerTest, CallsStillQueuedWhenTheDrainDeadlinePassesAreUnavailable) {
   scheduler.Close(Clock::now() - milliseconds(1));
   EXPECT_EQ(scheduler.Reserve().code(), absl::StatusCode::kUnavailable);
   scheduler.Join();
-  EXPECT_EQ(job.Wait(seconds(0)).value_or(absl::OkStatus()).code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(job.Wait(seconds(0)).value_or(absl::OkStatus()).code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(SchedulerTest, ADrainWithoutDeadlineComputesEveryQueuedCall) {
@@ -275,8 +274,8 @@ TEST(SchedulerTest, ModelsTakeTurnsOnOneExecutor) {
   std::vector<std::string> order;
   for (const auto& record : reporter.runs()) order.push_back(record.model);
   // After the long call, the models alternate while both have calls queued.
-  const std::vector<std::string> expected = {"first",  "second", "first", "second",
-                                             "first",  "second", "first"};
+  const std::vector<std::string> expected = {"first", "second", "first", "second",
+                                             "first", "second", "first"};
   EXPECT_EQ(order, expected);
 }
 

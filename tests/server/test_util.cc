@@ -273,6 +273,16 @@ absl::StatusOr<int> HealthCheck(grpc::Channel* channel, const std::string& servi
   return 0;  // proto3 default: UNKNOWN
 }
 
+v1::ForwardRequest DemoRequest(int64_t batch, int64_t seq, v1::AttentionKind kind) {
+  std::vector<float> values(batch * seq * 256);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::cos(0.001f * static_cast<float>(i));
+  v1::ForwardRequest r;
+  r.set_model("demo");
+  r.set_kind(kind);
+  *r.mutable_input() = MakeTensor({batch, seq, 256}, values, true);
+  return r;
+}
+
 grpc::Status CallRaw(grpc::Channel* channel, const std::string& method, const std::string& bytes,
                      std::string* reply) {
   grpc::GenericStub stub(channel->shared_from_this());

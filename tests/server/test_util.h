@@ -31,6 +31,10 @@ std::shared_ptr<grpc::Channel> Connect(int port);
 v1::Tensor MakeTensor(const std::vector<int64_t>& shape, const std::vector<float>& values,
                       bool raw);
 
+// A raw, padded [batch, seq, 256] call of the demo model (`kind`), its values a smooth wave.
+v1::ForwardRequest DemoRequest(int64_t batch, int64_t seq,
+                               v1::AttentionKind kind = v1::ATTENTION_KIND_BIDIRECTIONAL);
+
 // The floats of `tensor`, whichever encoding it uses.
 std::vector<float> TensorValues(const v1::Tensor& tensor);
 
