@@ -10,10 +10,7 @@ namespace attnserve::server {
 grpc::ServerUnaryReactor* AttentionService::Forward(grpc::CallbackServerContext* context,
                                                     const grpc::ByteBuffer* request,
                                                     grpc::ByteBuffer* response) {
-  auto* call = new ForwardCall(context, request, response);
-  grpc::ServerUnaryReactor* reactor = call->reactor();
-  admission_->Admit(call);  // answers the call, now or from the scheduler
-  return reactor;
+  return AdmitRawCall<ForwardCall>(admission_, context, request, response);
 }
 
 grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerContext* context,

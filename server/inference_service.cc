@@ -75,10 +75,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
-  auto* call = new InferCall(context, request, response);
-  grpc::ServerUnaryReactor* reactor = call->reactor();
-  admission_->Admit(call);  // answers the call, now or from the scheduler
-  return reactor;
+  return AdmitRawCall<InferCall>(admission_, context, request, response);
 }
 
 absl::StatusOr<ServedModel*> InferenceService::FindModel(const std::string& name,

@@ -14,6 +14,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/server_callback.h"
+#include "server/admission.h"
 #include "server/grpc_status.h"
 #include "server/job.h"
 
@@ -92,5 +93,18 @@ class RawCall : public Job {
   google::protobuf::Arena arena_;
   Response* response_ = nullptr;
 };
+
+// A raw method's whole handler: makes the frontend's call and hands it to admission, which
+// answers it now or from the scheduler. The reactor is taken first: the call may be answered
+// (and deleted) before Admit returns.
+template <typename Call>
+grpc::ServerUnaryReactor* AdmitRawCall(Admission* admission, grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) {
+  auto* call = new Call(context, request, response);
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  admission->Admit(call);
+  return reactor;
+}
 
 }  // namespace attnserve::server
