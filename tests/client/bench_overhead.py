@@ -3,7 +3,12 @@
 demo layer): the tester's CPU per call (its rusage, the same utime+stime /proc/PID/stat holds)
 against the server's (from /proc/PID/stat), and whether it keeps the offered rate (within 2 %)
 in an open loop at twice what the server answers. Prints the figures; exit 1 when the tester
-costs more CPU per call than the server, or falls more than 2 % behind the offered rate."""
+costs more CPU per call than the server, or falls more than 2 % behind the offered rate.
+
+With two or more CPUs the server gets the first (and --threads 1) and the tester the others, as
+a tester runs on a machine of its own in a real test: sharing the cores, an overloaded server
+would take the tester's CPU and the figure would measure the scheduler, not the tester.
+--shared runs both on every CPU instead."""
 import argparse
 import json
 import os
@@ -20,11 +25,19 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
-def start_server(binary, workdir):
+def pinned(cpus):
+    """A preexec_fn running the child on `cpus` (None: wherever the scheduler likes)."""
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
+def start_server(binary, workdir, cpus):
     port_file = os.path.join(workdir, "port")
+    threads = str(len(cpus)) if cpus else "2"
     server = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                               "--threads", "2", "--log-level", "warn", "--metrics-listen=off"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--threads", threads, "--log-level", "warn",
+                               "--metrics-listen=off"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=pinned(cpus))
     deadline = time.time() + 60
     while time.time() < deadline:
         if os.path.exists(port_file) and open(port_file).read().endswith("\n"):
@@ -34,12 +47,13 @@ def start_server(binary, workdir):
     sys.exit("attnserve wrote no port")
 
 
-def bench(client, target, server_pid, args):
+def bench(client, target, server_pid, args, cpus):
     """Runs one bench; returns its JSON report, its own CPU seconds and the server's."""
     server_before = cpu_seconds(server_pid)
     proc = subprocess.Popen([client, "--target", target, "bench", "--random", "1,16", "--json",
                              "--warmup-seconds", "0"] + args,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=pinned(cpus))
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -54,15 +68,24 @@ def main():
     parser.add_argument("--server", required=True)
     parser.add_argument("--client", required=True)
     parser.add_argument("--seconds", type=float, default=2)
+    parser.add_argument("--shared", action="store_true",
+                        help="server and tester on every CPU (default: a CPU for the server)")
     args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpus = tester_cpus = None
+    if len(cpus) >= 2 and not args.shared:
+        server_cpus, tester_cpus = {cpus[0]}, set(cpus[1:])
+        print(f"server on CPU {cpus[0]} (--threads 1), tester on CPUs {sorted(tester_cpus)}")
+    else:
+        print(f"server and tester share CPUs {cpus}")
     workdir = tempfile.mkdtemp(prefix="attnserve-overhead-")
-    server, target = start_server(args.server, workdir)
+    server, target = start_server(args.server, workdir, server_cpus)
     failures = []
     try:
         # CPU per call: 16 calls in flight, the server busy. The marginal cost between a run
         # and one twice as long, so the tester's start (gRPC, the request) is not counted.
         runs = [bench(args.client, target, server.pid,
-                      ["--concurrency", "16", "--duration", str(d)])
+                      ["--concurrency", "16", "--duration", str(d)], tester_cpus)
                 for d in (args.seconds / 2, args.seconds)]
         calls = runs[1][0]["sent"] - runs[0][0]["sent"]
         per_call_client = (runs[1][1] - runs[0][1]) / calls * 1e6
@@ -77,14 +100,14 @@ def main():
         # batches full and its transport threads busy.
         capacity = bench(args.client, target, server.pid,
                          ["--concurrency", "64", "--connections", "4",
-                          "--duration", str(args.seconds)])[0]["requests_per_second"]
+                          "--duration", str(args.seconds)], tester_cpus)[0]["requests_per_second"]
         print(f"capacity (closed loop c=64 over 4 connections): {capacity:.0f} calls/s")
         # The open loop at twice what the server answers: the tester must still send on time.
         rate = round(2 * capacity)
         report, client_cpu, server_cpu = bench(
             args.client, target, server.pid,
             ["--rate", str(rate), "--duration", str(args.seconds), "--max-in-flight", "100000",
-             "--connections", "4"])
+             "--connections", "4"], tester_cpus)
         achieved = report["achieved_rate"]
         print(f"open loop at 2x capacity: offered {rate}/s, achieved {achieved:.0f}/s "
               f"({100 * (achieved / rate - 1):+.2f} %), sent {report['sent']} of "
