@@ -1,12 +1,16 @@
 #!/usr/bin/python3
 """The serving benchmark: attnserve against gRPC's own floor and a Python grpcio + PyTorch
-baseline (baseline_server.py), all driven by the same client (serving_load, C++, generic stub) on
-this machine,
-one after the other, medians over repetitions. Prints a table of calls/s and server CPU per
-call, and the ratios the serving-path issue asks for. Run by hand (not by ctest):
+baseline (baseline_server.py), all driven by the same client on this machine, one after the
+other, medians over repetitions. Prints a table of calls/s and server CPU per call, and the
+ratios the serving-path issue asks for. Run by hand (not by ctest):
 
   tests/bench/serving.py [--build build] [--reps 3] [--seconds 3] [--no-baseline]
-                         [--server-args "--metrics-listen ..."]
+                         [--client cpp|python] [--server-args "--metrics-listen ..."]
+
+The client is serving_load (C++, gRPC's generic stub: the cheapest gRPC client there is, so
+the floor is gRPC's server alone) or, with --client python, serving_load.py (grpcio, the
+client the serving-path issue measured with; its floor includes what a slower client costs
+the server per call).
 
 Needs the build (attnserve, serving_load, build/python stubs for the baseline) and, for the
 baseline, PyTorch (deploy/install-deps.sh --torch).
@@ -60,11 +64,15 @@ class Server:
 
 
 def run_once(args, server, method="forward", batch=1, seq=16, callers=8):
+    if args.client == "python":
+        load = ["/usr/bin/python3", os.path.join(HERE, "serving_load.py"),
+                "--stubs", os.path.join(args.build, "python")]
+    else:
+        load = [os.path.join(args.build, "tests", "bench", "serving_load")]
     out = subprocess.run(
-        [os.path.join(args.build, "tests", "bench", "serving_load"),
-         "--target", f"127.0.0.1:{server.port}", "--pid", str(server.proc.pid),
-         "--method", method, "--batch", str(batch), "--seq", str(seq),
-         "--callers", str(callers), "--seconds", str(args.seconds)],
+        load + ["--target", f"127.0.0.1:{server.port}", "--pid", str(server.proc.pid),
+                "--method", method, "--batch", str(batch), "--seq", str(seq),
+                "--callers", str(callers), "--seconds", str(args.seconds)],
         check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -96,6 +104,9 @@ def main():
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--server-args", default="", help="extra attnserve flags for every run")
+    p.add_argument("--client", choices=["cpp", "python"], default="cpp",
+                   help="the load's client: serving_load (C++) or serving_load.py (grpcio, "
+                        "the client the serving-path issue measured with)")
     args = p.parse_args()
     binary = os.path.join(args.build, "server", "attnserve")
     extra = shlex.split(args.server_args)
@@ -108,7 +119,7 @@ def main():
         return Server(name, [binary, "--listen", f"127.0.0.1:{port}", "--log-level", "warn",
                              *metrics, *flags, *extra], port)
 
-    print(f"load before: {os.getloadavg()}", file=sys.stderr)
+    print(f"load before: {os.getloadavg()}; client: {args.client}", file=sys.stderr)
     ours = attnserve("attnserve")
     off = attnserve("nobatch", "--max-batch-tokens", "0")
     base = None
