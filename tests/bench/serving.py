@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -47,13 +48,27 @@ def wait_healthy(port, seconds=60):
 
 
 class Server:
-    def __init__(self, name, argv, port):
-        self.name, self.port = name, port
+    def __init__(self, name, argv, port, metrics_port=None):
+        self.name, self.port, self.metrics_port = name, port, metrics_port
         self.log = tempfile.NamedTemporaryFile(prefix=f"serving-{name}-", suffix=".log",
                                                delete=False)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
         wait_healthy(port)
         time.sleep(0.5)
+
+    def compute_totals(self):
+        """The server's own compute seconds and computed calls so far (its /metrics), or None."""
+        if self.metrics_port is None:
+            return None
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics").read()
+        totals = {"seconds": 0.0, "calls": 0.0}
+        for line in text.decode().splitlines():
+            name = line.split("{")[0].split(" ")[0]
+            if name == "attnserve_compute_duration_seconds_sum":
+                totals["seconds"] += float(line.rsplit(" ", 1)[1])
+            elif name == "attnserve_batch_calls_sum":
+                totals["calls"] += float(line.rsplit(" ", 1)[1])
+        return totals
 
     def stop(self):
         self.proc.terminate()
@@ -69,12 +84,20 @@ def run_once(args, server, method="forward", batch=1, seq=16, callers=8):
                 "--stubs", os.path.join(args.build, "python")]
     else:
         load = [os.path.join(args.build, "tests", "bench", "serving_load")]
+    before = server.compute_totals()
     out = subprocess.run(
         load + ["--target", f"127.0.0.1:{server.port}", "--pid", str(server.proc.pid),
                 "--method", method, "--batch", str(batch), "--seq", str(seq),
                 "--callers", str(callers), "--seconds", str(args.seconds)],
         check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    result = json.loads(out.strip().splitlines()[-1])
+    after = server.compute_totals()
+    if after is not None and after["calls"] > before["calls"]:
+        # The layer's own time per call (its compute runs' wall time, shared among the calls
+        # each run held): what is left of the server's CPU per call is serving.
+        result["compute_us_per_call"] = (
+            (after["seconds"] - before["seconds"]) / (after["calls"] - before["calls"]) * 1e6)
+    return result
 
 
 def measure(args, *runs):
@@ -85,13 +108,14 @@ def measure(args, *runs):
         for i, (server, options) in enumerate(runs):
             if server is not None:
                 results[i].append(run_once(args, server, **options))
-    keys = ["calls_per_s", "ok_per_s", "server_cpu_us_per_call", "p50_ms", "p99_ms"]
+    keys = ["calls_per_s", "ok_per_s", "server_cpu_us_per_call", "p50_ms", "p99_ms",
+            "compute_us_per_call"]
     medians = []
     for r in results:
         if not r:
             medians.append(None)
             continue
-        median = {k: statistics.median(x[k] for x in r) for k in keys}
+        median = {k: statistics.median(x[k] for x in r) for k in keys if k in r[0]}
         median["codes"] = r[-1]["codes"]
         medians.append(median)
     return medians if len(medians) > 1 else medians[0]
@@ -114,10 +138,10 @@ def main():
     def attnserve(name, *flags):
         port = free_port()
         # Metrics on, as deployed, each server on a port of its own.
-        metrics = ([] if "--metrics-listen" in extra
-                   else ["--metrics-listen", f"127.0.0.1:{free_port()}"])
+        metrics_port = None if "--metrics-listen" in extra else free_port()
+        metrics = [] if metrics_port is None else ["--metrics-listen", f"127.0.0.1:{metrics_port}"]
         return Server(name, [binary, "--listen", f"127.0.0.1:{port}", "--log-level", "warn",
-                             *metrics, *flags, *extra], port)
+                             *metrics, *flags, *extra], port, metrics_port)
 
     print(f"load before: {os.getloadavg()}; client: {args.client}", file=sys.stderr)
     ours = attnserve("attnserve")
@@ -154,11 +178,16 @@ def main():
 
     def cell(m):
         if m is None:
-            return f"{'':>9} {'':>8} {'':>8}"
-        return f"{m['calls_per_s']:9.0f} {m['server_cpu_us_per_call']:8.0f} {m['p99_ms']:8.2f}"
+            return f"{'':>9} {'':>8} {'':>8} {'':>8}"
+        layer = f"{m['compute_us_per_call']:8.0f}" if "compute_us_per_call" in m else f"{'':>8}"
+        return (f"{m['calls_per_s']:9.0f} {m['server_cpu_us_per_call']:8.0f} {layer} "
+                f"{m['p99_ms']:8.2f}")
 
-    print(f"{'':34} {'attnserve (batching on)':>27} | {'batching off':>27} | {'baseline':>27}")
-    print(f"{'row':34} " + " | ".join([f"{'calls/s':>9} {'cpu us':>8} {'p99 ms':>8}"] * 3))
+    # cpu us: the server's CPU per call (/proc); layer us: its compute runs' wall time per call
+    # (its /metrics), the part of the call that is the layer itself.
+    print(f"{'':34} {'attnserve (batching on)':>36} | {'batching off':>36} | {'baseline':>36}")
+    print(f"{'row':34} " + " | ".join(
+        [f"{'calls/s':>9} {'cpu us':>8} {'layer us':>8} {'p99 ms':>8}"] * 3))
     for name, a, b, c in rows:
         print(f"{name:34} {cell(a)} | {cell(b)} | {cell(c)}")
     print()
