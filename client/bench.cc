@@ -146,15 +146,19 @@ void StepRun::Finish(Call* call, const grpc::Status& status) {
         CountSent(now, now);
       }
     }
-    if (!relaunch) {
-      --in_flight_;
-      // Only two events have waiters: the last call ended (the step's end), or room under the
-      // cap (a sender). Waking on every answer would cost a context switch per call.
-      if (in_flight_ == 0 || in_flight_ == options_.max_in_flight - 1) changed_.notify_all();
-    }
   }
+  // The call is gone before its slot is given back: once the last slot is, Run may return and
+  // the process end, and nothing of a call may be left for gRPC's threads to free then.
   delete call;
-  if (relaunch) Launch(now, relaunch_counted);  // the slot passes to the next call
+  if (relaunch) {
+    Launch(now, relaunch_counted);  // the slot passes to the next call
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  --in_flight_;
+  // Only two events have waiters: the last call ended (the step's end), or room under the cap
+  // (a sender). Waking on every answer would cost a context switch per call.
+  if (in_flight_ == 0 || in_flight_ == options_.max_in_flight - 1) changed_.notify_all();
 }
 
 void StepRun::SendOpenLoop(int sender, int senders) {

@@ -165,7 +165,9 @@ function table() {
   const t = document.getElementById("steps");
   const cols = [["load", s => s.mode === "open" ? s.offered_rate + "/s" : "c=" + s.concurrency],
                 ["sent", s => s.sent], ["ok", s => s.ok],
-                ["failed", s => s.sent - s.ok], ["late", s => s.late], ["unsent", s => s.unsent],
+                ["failed", s => s.sent - s.ok],
+                ["errors", s => Object.entries(s.errors).map(([c, n]) => c + " " + n).join(", ")],
+                ["late", s => s.late], ["unsent", s => s.unsent],
                 ["req/s", s => s.requests_per_second.toFixed(1)],
                 ["tokens/s", s => s.tokens_per_second.toFixed(0)],
                 ["p50 ms", s => s.latency_ms.p50.toFixed(2)], ["p99 ms", s => s.latency_ms.p99.toFixed(2)],

@@ -103,6 +103,15 @@ std::string ServerLine(const ServerSplit& s) {
       s.mean_batch_tokens, s.batches);
 }
 
+// A step's failures by code, "RESOURCE_EXHAUSTED=12;UNAVAILABLE=1" ("" when none failed).
+std::string ErrorCodes(const StepReport& r) {
+  std::string text;
+  for (const auto& [code, n] : r.errors) {
+    absl::StrAppend(&text, text.empty() ? "" : ";", absl::StatusCodeToString(code), "=", n);
+  }
+  return text;
+}
+
 std::string StepSummary(const BenchStep& step) {
   const StepReport& r = step.report;
   std::string load =
@@ -170,7 +179,7 @@ std::string RunCsv(const BenchRun& run) {
       "step,mode,concurrency,offered_rate,arrival,connections,window_seconds,scheduled,sent,"
       "late,unsent,ok,failed,achieved_rate,requests_per_second,tokens_per_second,p50_ms,p90_ms,"
       "p99_ms,p999_ms,max_ms,mean_ms,server_queue_mean_ms,server_compute_mean_ms,"
-      "server_mean_batch_calls,server_mean_batch_tokens\n";
+      "server_mean_batch_calls,server_mean_batch_tokens,errors\n";
   for (size_t i = 0; i < run.steps.size(); ++i) {
     const StepReport& r = run.steps[i].report;
     const bool open = r.mode == LoadMode::kOpen;
@@ -191,7 +200,7 @@ std::string RunCsv(const BenchRun& run) {
             r.ok, r.failed(), r.achieved_rate(), r.requests_per_second(), r.tokens_per_second(),
             Ms(h.ValueAtQuantile(0.5)), Ms(h.ValueAtQuantile(0.9)), Ms(h.ValueAtQuantile(0.99)),
             Ms(h.ValueAtQuantile(0.999)), Ms(h.max()), h.mean() / 1e3),
-        server, "\n");
+        server, ",", ErrorCodes(r), "\n");
   }
   return csv;
 }
@@ -226,6 +235,11 @@ std::string RunSummary(const BenchRun& run) {
                                       s.queue.mean_ms, s.compute.mean_ms, s.mean_batch_calls,
                                       s.mean_batch_tokens));
     }
+  }
+  for (const BenchStep& step : run.steps) {
+    if (step.report.errors.empty()) continue;
+    absl::StrAppend(&text, absl::StrFormat("%-9s errors %s\n", LoadLabel(step.report),
+                                           ErrorCodes(step.report)));
   }
   if (run.stopped_by_latency_limit) {
     absl::StrAppend(

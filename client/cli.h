@@ -66,6 +66,7 @@ struct BenchFlags {
   int connections = 1;
   int concurrency = 4;  // closed loop
   double rate = 0;      // > 0: open loop at this many calls/s
+  bool rate_given = false;  // --rate was on the command line (so 0 or nan is refused, not ignored)
   std::string arrival = "constant";
   int max_in_flight = 1000;
   std::string concurrency_range;  // START:END[:STEP]

@@ -35,7 +35,7 @@ absl::Status CheckFlags(const BenchFlags& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--connections must be in [1, ", kMaxConnections, "]"));
   }
-  if (f.rate < 0 || f.rate > kMaxRate) {
+  if (f.rate_given && !(f.rate > 0 && f.rate <= kMaxRate)) {
     return absl::InvalidArgumentError(absl::StrCat("--rate must be in (0, ", kMaxRate, "]"));
   }
   if (!f.concurrency_range.empty() && !f.rate_range.empty()) {

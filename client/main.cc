@@ -55,7 +55,8 @@ void AddBench(CLI::App& app, BenchFlags& f) {
   bench->add_option("--concurrency,-c", f.concurrency, "Closed loop: calls in flight")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  bench->add_option("--rate", f.rate, "Open loop: calls per second, sent on schedule");
+  bench->add_option("--rate", f.rate, "Open loop: calls per second, sent on schedule")
+      ->each([&f](const std::string&) { f.rate_given = true; });
   bench->add_option("--arrival", f.arrival, "Open loop: gaps between calls")
       ->check(CLI::IsMember({"constant", "poisson"}))
       ->capture_default_str();

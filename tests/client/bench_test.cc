@@ -195,6 +195,15 @@ TEST_F(BenchServerTest, RateSweepAsCsvAndTheLatencyLimit) {
     EXPECT_EQ(offered, 50 << (i - 1));
     EXPECT_EQ(ok + failed, sent);
     EXPECT_GT(p99, 0);
+    // "errors": CODE=n pairs, ';'-separated, adding up to "failed".
+    double by_code = 0;
+    for (absl::string_view pair :
+         absl::StrSplit(cells[column("errors")], ';', absl::SkipEmpty())) {
+      double n = 0;
+      ASSERT_TRUE(absl::SimpleAtod(pair.substr(pair.find('=') + 1), &n)) << lines[i];
+      by_code += n;
+    }
+    EXPECT_EQ(by_code, failed) << lines[i];
   }
   // A limit every step passes stops the sweep after its first step.
   nlohmann::json run = BenchJson({"--random", "1,16", "--rate-range", "50:200:x2", "--duration",
@@ -258,6 +267,8 @@ TEST_F(BenchServerTest, BadFlagsAreRefusedWithAClearStatus) {
                                         {"--connections", "0"},
                                         {"--metrics-url", "ftp://x/metrics", "--requests", "2"},
                                         {"--rate", "1e12"},
+                                        {"--rate", "0"},
+                                        {"--rate", "nan"},
                                         {"--rate-range", "1000:1e9"}}) {
     ProgramResult r = Bench(args);
     EXPECT_EQ(r.exit_code, kInvalidArgument) << absl::StrJoin(args, " ") << "\n" << Describe(r);
