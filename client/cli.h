@@ -20,7 +20,7 @@ struct ConnectionFlags {
   std::string tls_ca;     // PEM file: TLS, trusting this CA; empty: plaintext
   std::string tls_cert;   // PEM files: this client's certificate and key, for mTLS
   std::string tls_key;
-  std::string token;  // bearer token; empty: $ATTNSERVE_TOKEN, if set
+  std::string token;      // bearer token; empty: $ATTNSERVE_TOKEN, if set
   bool no_retry = false;  // turns off ClientOptions::retry
 };
 
@@ -64,8 +64,8 @@ struct InferFlags {
 struct BenchFlags {
   CallFlags call;
   int connections = 1;
-  int concurrency = 4;  // closed loop
-  double rate = 0;      // > 0: open loop at this many calls/s
+  int concurrency = 4;      // closed loop
+  double rate = 0;          // > 0: open loop at this many calls/s
   bool rate_given = false;  // --rate was on the command line (so 0 or nan is refused, not ignored)
   std::string arrival = "constant";
   int max_in_flight = 1000;
@@ -92,8 +92,8 @@ struct BenchFlags {
 // Reads or makes the arrays the flags name and assembles the call.
 absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags);
 
-// Opens a client with the connection flags (after ResolveSecurityFlags); clients with different indexes use different
-// connections (the load test's --connections).
+// Opens a client with the connection flags (after ResolveSecurityFlags); clients with different
+// indexes use different connections (the load test's --connections).
 std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
                                                   int connection_index = 0);
 

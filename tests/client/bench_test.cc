@@ -104,9 +104,9 @@ TEST_F(BenchServerTest, OpenLoopPastCapacitySendsOnScheduleAndShowsTheQueue) {
 
   // With room for 4 calls in flight, calls wait for room: they are late, or unsent when the
   // window closes, and still counted.
-  nlohmann::json capped = BenchJson(
-      with({"--rate", absl::StrCat(rate), "--duration", "0.5", "--max-in-flight", "4"}),
-      /*overload=*/true);
+  nlohmann::json capped =
+      BenchJson(with({"--rate", absl::StrCat(rate), "--duration", "0.5", "--max-in-flight", "4"}),
+                /*overload=*/true);
   EXPECT_EQ(capped["max_in_flight"], 4) << capped.dump();
   EXPECT_GT(capped["late"].get<int64_t>() + capped["unsent"].get<int64_t>(), 0);
   EXPECT_EQ(capped["sent"].get<int64_t>() + capped["unsent"].get<int64_t>(),
@@ -118,11 +118,10 @@ TEST_F(BenchServerTest, OpenLoopPastCapacitySendsOnScheduleAndShowsTheQueue) {
 TEST_F(BenchServerTest, OpenLoopCountBoundIsExactWhateverTheSenders) {
   // 60000 calls/s takes three sender threads; the bound still counts each call once.
   for (const char* arrival : {"constant", "poisson"}) {
-    nlohmann::json run =
-        BenchJson({"--random", "1,16", "--rate", "60000", "--arrival", arrival, "--requests",
-                   "3000", "--duration", "20", "--warmup-seconds", "0.05", "--max-in-flight",
-                   "100000"},
-                  /*overload=*/true);
+    nlohmann::json run = BenchJson(
+        {"--random", "1,16", "--rate", "60000", "--arrival", arrival, "--requests", "3000",
+         "--duration", "20", "--warmup-seconds", "0.05", "--max-in-flight", "100000"},
+        /*overload=*/true);
     EXPECT_EQ(run["scheduled"], 3000) << run.dump();
     EXPECT_EQ(run["sent"], 3000);
     EXPECT_EQ(run["ok"].get<int64_t>() + Failed(run), 3000);
@@ -197,8 +196,7 @@ TEST_F(BenchServerTest, RateSweepAsCsvAndTheLatencyLimit) {
     EXPECT_GT(p99, 0);
     // "errors": CODE=n pairs, ';'-separated, adding up to "failed".
     double by_code = 0;
-    for (absl::string_view pair :
-         absl::StrSplit(cells[column("errors")], ';', absl::SkipEmpty())) {
+    for (absl::string_view pair : absl::StrSplit(cells[column("errors")], ';', absl::SkipEmpty())) {
       double n = 0;
       ASSERT_TRUE(absl::SimpleAtod(pair.substr(pair.find('=') + 1), &n)) << lines[i];
       by_code += n;
