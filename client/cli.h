@@ -64,10 +64,12 @@ struct InferFlags {
 struct BenchFlags {
   CallFlags call;
   int connections = 1;
-  int concurrency = 4;      // closed loop
-  double rate = 0;          // > 0: open loop at this many calls/s
-  bool rate_given = false;  // --rate was on the command line (so 0 or nan is refused, not ignored)
+  int concurrency = 4;  // closed loop
+  double rate = 0;      // > 0: open loop at this many calls/s
   std::string arrival = "constant";
+  // Which load flags were on the command line, so a value the run would ignore (or --rate 0)
+  // is refused rather than silently dropped.
+  bool rate_given = false, concurrency_given = false, arrival_given = false;
   int max_in_flight = 1000;
   std::string concurrency_range;  // START:END[:STEP]
   std::string rate_range;         // START:END[:STEP], STEP may be xF (multiply)

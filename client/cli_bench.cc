@@ -41,8 +41,17 @@ absl::Status CheckFlags(const BenchFlags& f) {
   if (!f.concurrency_range.empty() && !f.rate_range.empty()) {
     return absl::InvalidArgumentError("give --concurrency-range or --rate-range, not both");
   }
-  if (f.rate > 0 && !f.concurrency_range.empty()) {
-    return absl::InvalidArgumentError("--rate is open loop, --concurrency-range closed: pick one");
+  const bool open = f.rate_given || !f.rate_range.empty();
+  if (open && (f.concurrency_given || !f.concurrency_range.empty())) {
+    return absl::InvalidArgumentError(
+        "--rate/--rate-range are open loop, --concurrency/--concurrency-range closed: pick one");
+  }
+  if (f.arrival_given && !open) {
+    return absl::InvalidArgumentError("--arrival is for an open loop (--rate or --rate-range)");
+  }
+  if (f.latency_limit_ms > 0 && f.concurrency_range.empty() && f.rate_range.empty()) {
+    return absl::InvalidArgumentError(
+        "--latency-limit-ms stops a sweep: give --rate-range or --concurrency-range");
   }
   if (f.stability_percent < 0 || f.latency_limit_ms < 0) {
     return absl::InvalidArgumentError("--stability-percent and --latency-limit-ms must be >= 0");

@@ -54,12 +54,14 @@ void AddBench(CLI::App& app, BenchFlags& f) {
       ->capture_default_str();
   bench->add_option("--concurrency,-c", f.concurrency, "Closed loop: calls in flight")
       ->check(CLI::Range(1, 100000))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&f](const std::string&) { f.concurrency_given = true; });
   bench->add_option("--rate", f.rate, "Open loop: calls per second, sent on schedule")
       ->each([&f](const std::string&) { f.rate_given = true; });
   bench->add_option("--arrival", f.arrival, "Open loop: gaps between calls")
       ->check(CLI::IsMember({"constant", "poisson"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&f](const std::string&) { f.arrival_given = true; });
   bench
       ->add_option("--max-in-flight", f.max_in_flight,
                    "Open loop: calls in flight at most; calls due past it are late or unsent")
@@ -78,6 +80,7 @@ void AddBench(CLI::App& app, BenchFlags& f) {
   bench->add_option("--requests,-n", f.requests, "Calls per window at most (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   bench->add_option("--warmup", f.warmup, "Calls sent one by one first, which must succeed")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   bench->add_option("--stability-percent", f.stability_percent,
                     "Repeat each window until 3 agree within this % (0: one window)");

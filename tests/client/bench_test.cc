@@ -267,11 +267,15 @@ TEST_F(BenchServerTest, BadFlagsAreRefusedWithAClearStatus) {
                                         {"--rate", "1e12"},
                                         {"--rate", "0"},
                                         {"--rate", "nan"},
+                                        {"--rate", "10", "--concurrency", "4"},
+                                        {"--arrival", "poisson", "--concurrency", "4"},
+                                        {"--latency-limit-ms", "5", "--rate", "10"},
                                         {"--rate-range", "1000:1e9"}}) {
     ProgramResult r = Bench(args);
     EXPECT_EQ(r.exit_code, kInvalidArgument) << absl::StrJoin(args, " ") << "\n" << Describe(r);
   }
   EXPECT_NE(Bench({"--rate", "-5"}).exit_code, 0);
+  EXPECT_NE(Bench({"--warmup", "-1"}).exit_code, 0);
   EXPECT_NE(Bench({"--arrival", "bursty", "--rate", "5"}).exit_code, 0);
 }
 
