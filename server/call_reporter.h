@@ -1,5 +1,7 @@
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -22,7 +24,13 @@ class CallReporter {
   Metrics& metrics() { return *metrics_; }
 
   // A call arrived (any frontend): it is in flight until answered.
-  void Arrived() { metrics_->CallArrived(); }
+  void Arrived() {
+    in_flight_.fetch_add(1, std::memory_order_relaxed);
+    metrics_->CallArrived();
+  }
+
+  // Calls arrived and not yet answered, every model and frontend together.
+  int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
 
   // Answers `job` with `status`. `model` is the served model's name, or "" when the call named
   // none the server has (a client's text is never a label); `decoded` says whether job.args()
@@ -34,6 +42,7 @@ class CallReporter {
   void FlushLog() { failures_.Flush(); }
 
  private:
+  std::atomic<int64_t> in_flight_{0};
   std::unique_ptr<Metrics> disabled_;  // when no metrics were given
   Metrics* const metrics_;
   // Failed calls: one line per status code per 10 s at most (each call at debug).
