@@ -483,14 +483,10 @@ absl::Status Layer::Forward(const ForwardArgs& args, std::span<float> output,
   return ForwardValidated(args, output, attention);
 }
 
-bool Layer::RunsOnCallingThread(const ForwardArgs& args) const {
-  return CallFlops(impl_->spec, args) < kSerialFlops;
-}
-
 absl::Status Layer::ForwardValidated(const ForwardArgs& args, std::span<float> output,
                                      std::span<float> attention) const {
   // Tiny calls: one thread (the team's start-up and barriers would cost more than they save).
-  ScopedOmpThreads threads(RunsOnCallingThread(args) ? 1 : 0);
+  ScopedOmpThreads threads(CallFlops(impl_->spec, args) < kSerialFlops ? 1 : 0);
   return Guarded("layer forward", absl::StatusCode::kInternal,
                  [&] { return impl_->Run(args, output, attention); });
 }

@@ -66,10 +66,6 @@ class Layer {
   absl::Status ForwardValidated(const ForwardArgs& args, std::span<float> output,
                                 std::span<float> attention = {}) const;
 
-  // Whether Forward runs `args` on the calling thread alone: a call this small costs less than
-  // waking OpenMP's team would, and starts no parallel region of more than one thread.
-  bool RunsOnCallingThread(const ForwardArgs& args) const;
-
  private:
   struct Impl;
   explicit Layer(std::unique_ptr<Impl> impl);

@@ -32,7 +32,6 @@ CallReporter::CallReporter(Metrics* metrics)
 
 void CallReporter::Answer(Job& job, absl::string_view model, bool decoded,
                           const absl::Status& status, const RunInfo& run) {
-  in_flight_.fetch_sub(1, std::memory_order_relaxed);
   const double seconds = SecondsSince(job.arrival());
   const std::optional<core::AttentionKind> kind =
       decoded ? std::optional(job.args().kind) : std::nullopt;

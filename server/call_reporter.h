@@ -1,7 +1,5 @@
 #pragma once
 
-#include <atomic>
-#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -24,13 +22,7 @@ class CallReporter {
   Metrics& metrics() { return *metrics_; }
 
   // A call arrived (any frontend): it is in flight until answered.
-  void Arrived() {
-    in_flight_.fetch_add(1, std::memory_order_relaxed);
-    metrics_->CallArrived();
-  }
-
-  // Calls arrived and not yet answered, every model and frontend together.
-  int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
+  void Arrived() { metrics_->CallArrived(); }
 
   // Answers `job` with `status`. `model` is the served model's name, or "" when the call named
   // none the server has (a client's text is never a label); `decoded` says whether job.args()
@@ -42,7 +34,6 @@ class CallReporter {
   void FlushLog() { failures_.Flush(); }
 
  private:
-  std::atomic<int64_t> in_flight_{0};
   std::unique_ptr<Metrics> disabled_;  // when no metrics were given
   Metrics* const metrics_;
   // Failed calls: one line per status code per 10 s at most (each call at debug).

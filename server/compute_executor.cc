@@ -40,33 +40,12 @@ void ComputeExecutor::Notify() {
   cv_.notify_one();
 }
 
-bool ComputeExecutor::RunHereIfIdle(Scheduler* scheduler) {
-  {
-    std::lock_guard lock(mu_);
-    if (running_ != nullptr || stop_) return false;
-    running_ = scheduler;
-  }
-  scheduler->RunNext(Clock::now());
-  {
-    std::lock_guard lock(mu_);
-    running_ = nullptr;
-    changed_ = true;  // calls that came meanwhile wait for the executor's thread
-  }
-  idle_cv_.notify_all();
-  cv_.notify_one();
-  return true;
-}
-
 void ComputeExecutor::Loop() {
   // OpenMP keeps its thread count per thread: set it on the thread that computes.
   core::SetComputeThreads(compute_threads_);
   std::unique_lock lock(mu_);
   while (!stop_) {
     changed_ = false;
-    if (running_ != nullptr) {  // a run on another thread (RunHereIfIdle): wait for its end
-      cv_.wait(lock, [this] { return changed_ || stop_; });
-      continue;
-    }
     // Whose turn: the first model, from next_ on, with a run ready; else when one will be.
     const Clock::time_point now = Clock::now();
     Clock::time_point wake = Clock::time_point::max();

@@ -31,11 +31,6 @@ class ComputeExecutor {
   // A scheduler's queue changed (a call queued, taken back, or the queue closed).
   void Notify();
 
-  // When no run is in progress, runs `scheduler`'s next run on the calling thread and returns
-  // true; else returns false at once (the executor's thread will run it). For a lone small call
-  // on an idle server: computed where it arrived, it skips two thread hand-offs.
-  bool RunHereIfIdle(Scheduler* scheduler);
-
  private:
   void Loop();
 
@@ -46,7 +41,7 @@ class ComputeExecutor {
   size_t next_ = 0;                     // guarded by mu_: who goes first next time
   bool changed_ = false;                // guarded by mu_
   bool stop_ = false;                   // guarded by mu_
-  Scheduler* running_ = nullptr;        // guarded by mu_: whose run is in progress, on any thread
+  Scheduler* running_ = nullptr;        // guarded by mu_: Remove waits while it runs
   std::condition_variable idle_cv_;
   std::thread thread_;
 };

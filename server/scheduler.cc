@@ -90,12 +90,6 @@ void Scheduler::Release() {
 }
 
 void Scheduler::Submit(Job* job) {
-  // The only call in the server, small enough for one thread: if nothing is computing, it runs
-  // here, on the thread it arrived on, instead of waking the executor's thread and waiting for
-  // it (1 caller of 1x16 calls of the demo layer: p50 0.27 -> 0.21 ms). With other calls in
-  // flight it queues, so that it can merge with them.
-  const bool lone = reporter_->in_flight() == 1 && options_.max_queue_delay.count() == 0 &&
-                    layer_->RunsOnCallingThread(job->args());
   {
     std::lock_guard lock(mu_);
     const int64_t tokens = Tokens(job->args());
@@ -107,11 +101,7 @@ void Scheduler::Submit(Job* job) {
   }
   Log(LogLevel::kTrace, "forward queued", {{"model", model_name_}});
   // The caller may have left between admission and now: CallerGone saw no queue then.
-  if (job->gone_.load()) {
-    Cancel(job);
-  } else if (lone && executor_->RunHereIfIdle(this)) {
-    return;
-  }
+  if (job->gone_.load()) Cancel(job);
   executor_->Notify();
 }
 

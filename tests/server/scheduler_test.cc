@@ -11,7 +11,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/weights.h"
@@ -64,7 +63,6 @@ class FakeJob final : public Job {
     std::lock_guard lock(mu_);
     status_ = status;
     finished_at_ = Clock::now();
-    finished_on_ = std::this_thread::get_id();
     cv_.notify_all();
   }
 
@@ -77,11 +75,6 @@ class FakeJob final : public Job {
   Clock::time_point finished_at() {
     std::lock_guard lock(mu_);
     return finished_at_;
-  }
-  // The thread that answered the call.
-  std::thread::id finished_on() {
-    std::lock_guard lock(mu_);
-    return finished_on_;
   }
   const std::vector<float>& output() const { return output_; }
 
@@ -100,7 +93,6 @@ class FakeJob final : public Job {
   std::condition_variable cv_;
   std::optional<absl::Status> status_;
   Clock::time_point finished_at_;
-  std::thread::id finished_on_;
 };
 
 // Records how each call ran.
@@ -202,40 +194,6 @@ TEST(SchedulerTest, WithoutADelayWindowACallRunsAtOnce) {
   ASSERT_TRUE(job.Wait().value_or(absl::UnknownError("")).ok());
   ASSERT_EQ(reporter.runs().size(), 1u);
   EXPECT_EQ(reporter.runs()[0].run.batch_calls, 1);
-}
-
-TEST(SchedulerTest, ALoneSmallCallOnAnIdleServerRunsOnTheThreadThatSubmitsIt) {
-  ComputeExecutor executor(1);
-  CallReporter reporter;
-  Scheduler scheduler("m", DemoLayer(), Options(4096, milliseconds(0)), &executor, &reporter);
-  FakeJob lone({8}, 8, 1);
-  reporter.Arrived();  // admission's count: the only call in flight
-  Queue(scheduler, lone);
-  // Answered before Submit returned, here: no hand-off to the executor's thread.
-  ASSERT_TRUE(lone.Wait(milliseconds(0)).value_or(absl::UnknownError("")).ok());
-  EXPECT_EQ(lone.finished_on(), std::this_thread::get_id());
-  const std::vector<float> alone = lone.Alone();
-  ASSERT_EQ(lone.output().size(), alone.size());
-  for (size_t i = 0; i < alone.size(); ++i) ASSERT_NEAR(lone.output()[i], alone[i], 1e-5f);
-
-  // The only call but too large for one thread: the executor's thread (and OpenMP team) runs it.
-  FakeJob large({512}, 512, 4);
-  reporter.Arrived();
-  ASSERT_FALSE(DemoLayer()->RunsOnCallingThread(large.args()));
-  Queue(scheduler, large);
-  ASSERT_TRUE(large.Wait().value_or(absl::UnknownError("")).ok());
-  EXPECT_NE(large.finished_on(), std::this_thread::get_id());
-
-  // Other calls in flight (one that stays so, as if still decoding): a small call queues for
-  // the executor, where it could merge with them.
-  FakeJob first({8}, 8, 2), second({8}, 8, 3);
-  for (int i = 0; i < 3; ++i) reporter.Arrived();
-  Queue(scheduler, first);
-  Queue(scheduler, second);
-  for (FakeJob* job : {&first, &second}) {
-    ASSERT_TRUE(job->Wait().value_or(absl::UnknownError("")).ok());
-    EXPECT_NE(job->finished_on(), std::this_thread::get_id());
-  }
 }
 
 TEST(SchedulerTest, ACallWhoseCallerLeftIsAnsweredAtOnceAndFreesItsPlace) {
