@@ -168,6 +168,7 @@ function table() {
                 ["failed", s => s.sent - s.ok],
                 ["errors", s => Object.entries(s.errors).map(([c, n]) => c + " " + n).join(", ")],
                 ["late", s => s.late], ["unsent", s => s.unsent],
+                ["windows", s => s.trials_run > 1 ? s.trials_run + (s.stable ? " (stable)" : " (NOT stable)") : ""],
                 ["req/s", s => s.requests_per_second.toFixed(1)],
                 ["tokens/s", s => s.tokens_per_second.toFixed(0)],
                 ["p50 ms", s => s.latency_ms.p50.toFixed(2)], ["p99 ms", s => s.latency_ms.p99.toFixed(2)],

@@ -179,7 +179,7 @@ std::string RunCsv(const BenchRun& run) {
       "step,mode,concurrency,offered_rate,arrival,connections,window_seconds,scheduled,sent,"
       "late,unsent,ok,failed,achieved_rate,requests_per_second,tokens_per_second,p50_ms,p90_ms,"
       "p99_ms,p999_ms,max_ms,mean_ms,server_queue_mean_ms,server_compute_mean_ms,"
-      "server_mean_batch_calls,server_mean_batch_tokens,errors\n";
+      "server_mean_batch_calls,server_mean_batch_tokens,trials_run,stable,errors\n";
   for (size_t i = 0; i < run.steps.size(); ++i) {
     const StepReport& r = run.steps[i].report;
     const bool open = r.mode == LoadMode::kOpen;
@@ -200,7 +200,7 @@ std::string RunCsv(const BenchRun& run) {
             r.ok, r.failed(), r.achieved_rate(), r.requests_per_second(), r.tokens_per_second(),
             Ms(h.ValueAtQuantile(0.5)), Ms(h.ValueAtQuantile(0.9)), Ms(h.ValueAtQuantile(0.99)),
             Ms(h.ValueAtQuantile(0.999)), Ms(h.max()), h.mean() / 1e3),
-        server, ",", ErrorCodes(r), "\n");
+        server, ",", r.trials_run, ",", r.stable ? "true" : "false", ",", ErrorCodes(r), "\n");
   }
   return csv;
 }
@@ -237,9 +237,14 @@ std::string RunSummary(const BenchRun& run) {
     }
   }
   for (const BenchStep& step : run.steps) {
-    if (step.report.errors.empty()) continue;
-    absl::StrAppend(&text, absl::StrFormat("%-9s errors %s\n", LoadLabel(step.report),
-                                           ErrorCodes(step.report)));
+    const StepReport& r = step.report;
+    if (r.trials_run > 1) {
+      absl::StrAppend(&text, absl::StrFormat("%-9s %d windows run, %s\n", LoadLabel(r),
+                                             r.trials_run, r.stable ? "stable" : "NOT stable"));
+    }
+    if (!r.errors.empty()) {
+      absl::StrAppend(&text, absl::StrFormat("%-9s errors %s\n", LoadLabel(r), ErrorCodes(r)));
+    }
   }
   if (run.stopped_by_latency_limit) {
     absl::StrAppend(

@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -203,6 +204,14 @@ absl::Status RunBenchCommand(const ConnectionFlags& connection, const BenchFlags
   if (absl::Status s = CheckFlags(flags); !s.ok()) return s;
   absl::StatusOr<Plan> plan = MakePlan(flags);
   if (!plan.ok()) return plan.status();
+  // A report that cannot be written is found now, not after the whole run (nothing is created).
+  if (!flags.html.empty()) {
+    const std::filesystem::path html(flags.html);
+    const std::filesystem::path dir = html.has_parent_path() ? html.parent_path() : ".";
+    const bool writable = std::filesystem::exists(html) ? access(html.c_str(), W_OK) == 0
+                                                        : access(dir.c_str(), W_OK) == 0;
+    if (!writable) return absl::PermissionDeniedError(absl::StrCat("cannot write ", flags.html));
+  }
   // Every connection is made by the client library's one channel-making function.
   std::vector<std::unique_ptr<AttentionClient>> clients;
   std::vector<const AttentionClient*> connections;

@@ -276,6 +276,10 @@ TEST_F(BenchServerTest, BadFlagsAreRefusedWithAClearStatus) {
   }
   EXPECT_NE(Bench({"--rate", "-5"}).exit_code, 0);
   EXPECT_NE(Bench({"--warmup", "-1"}).exit_code, 0);
+  // A report that cannot be written is refused before any call is sent, not after the run.
+  ProgramResult html = Bench({"--html", "/nonexistent-dir/report.html", "--duration", "30"});
+  EXPECT_EQ(html.exit_code, 7) << Describe(html);  // PERMISSION_DENIED
+  EXPECT_NE(html.err.find("cannot write /nonexistent-dir/report.html"), std::string::npos);
   EXPECT_NE(Bench({"--arrival", "bursty", "--rate", "5"}).exit_code, 0);
 }
 
