@@ -26,6 +26,9 @@ struct Plan {
   std::vector<BenchOptions> steps;
 };
 
+// Whether the flags ask for an open loop (calls sent on a schedule) rather than a closed one.
+bool OpenLoop(const BenchFlags& f) { return f.rate_given || !f.rate_range.empty(); }
+
 absl::Status CheckFlags(const BenchFlags& f) {
   auto seconds_ok = [](double s) { return s >= 0 && s <= kMaxDurationSeconds; };
   if (!seconds_ok(f.duration_seconds) || !seconds_ok(f.warmup_seconds)) {
@@ -42,7 +45,7 @@ absl::Status CheckFlags(const BenchFlags& f) {
   if (!f.concurrency_range.empty() && !f.rate_range.empty()) {
     return absl::InvalidArgumentError("give --concurrency-range or --rate-range, not both");
   }
-  const bool open = f.rate_given || !f.rate_range.empty();
+  const bool open = OpenLoop(f);
   if (open && (f.concurrency_given || !f.concurrency_range.empty())) {
     return absl::InvalidArgumentError(
         "--rate/--rate-range are open loop, --concurrency/--concurrency-range closed: pick one");
@@ -66,7 +69,7 @@ absl::Status CheckFlags(const BenchFlags& f) {
 
 absl::StatusOr<Plan> MakePlan(const BenchFlags& f) {
   BenchOptions base;
-  base.mode = f.rate > 0 || !f.rate_range.empty() ? LoadMode::kOpen : LoadMode::kClosed;
+  base.mode = OpenLoop(f) ? LoadMode::kOpen : LoadMode::kClosed;
   base.concurrency = f.concurrency;
   base.rate = f.rate;
   base.arrival = f.arrival == "poisson" ? Arrival::kPoisson : Arrival::kConstant;

@@ -7,11 +7,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <sstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/metrics_scrape.h"
 
 namespace attnserve::server::testing {
 
@@ -57,43 +56,13 @@ std::string SeriesKey(const std::string& name, SeriesLabels labels) {
 }
 
 absl::StatusOr<std::map<std::string, double>> ParseExposition(const std::string& text) {
+  // The load tester's parser (client/metrics_scrape.h), keyed the way tests look series up.
+  absl::StatusOr<std::vector<client::MetricSample>> parsed = client::ParsePrometheusText(text);
+  if (!parsed.ok()) return parsed.status();
   std::map<std::string, double> samples;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    auto bad = [&] { return absl::InvalidArgumentError(absl::StrCat("bad line: ", line)); };
-    size_t pos = line.find_first_of("{ ");
-    if (pos == std::string::npos) return bad();
-    const std::string name = line.substr(0, pos);
-    SeriesLabels labels;
-    if (line[pos] == '{') {
-      ++pos;
-      while (line[pos] != '}') {
-        const size_t eq = line.find("=\"", pos);
-        if (eq == std::string::npos) return bad();
-        std::string key = line.substr(pos, eq - pos);
-        std::string value;
-        for (pos = eq + 2; pos < line.size() && line[pos] != '"'; ++pos) {
-          if (line[pos] == '\\' && pos + 1 < line.size()) {
-            ++pos;
-            value += line[pos] == 'n' ? '\n' : line[pos];
-          } else {
-            value += line[pos];
-          }
-        }
-        if (pos >= line.size()) return bad();
-        labels.emplace_back(std::move(key), std::move(value));
-        ++pos;  // the closing quote
-        if (line[pos] == ',') ++pos;
-      }
-      ++pos;  // the closing brace
-    }
-    std::istringstream rest(line.substr(pos));
-    std::string value_text;
-    rest >> value_text;
-    double value = 0;
-    if (!absl::SimpleAtod(value_text, &value)) return bad();
-    samples[SeriesKey(name, std::move(labels))] = value;
+  for (const client::MetricSample& sample : *parsed) {
+    samples[SeriesKey(sample.name, SeriesLabels(sample.labels.begin(), sample.labels.end()))] =
+        sample.value;
   }
   return samples;
 }
