@@ -50,7 +50,8 @@ class RawCall : public Job {
       answer =
           grpc::SerializationTraits<Response>::Serialize(*response_, response_bytes_, &own_buffer);
     }
-    // After this gRPC may call OnDone at any time, which deletes this call: touch nothing.
+    // After this gRPC may call OnDone at any time, even before Finish returns (the reactor is
+    // inlineable), which deletes this call: touch nothing.
     reactor_.Finish(answer);
   }
 
@@ -83,6 +84,12 @@ class RawCall : public Job {
     explicit Reactor(RawCall* call) : call_(call) {}
     void OnCancel() override { call_->CallerGone(); }
     void OnDone() override { delete call_; }
+    // Both reactions are short and never block (a delete; a queue removal and an answer), so
+    // gRPC may run them on the thread that completes the call's last operation, typically the
+    // compute thread inside Finish, instead of waking its executor thread for each call (a
+    // thread hand-off per call: 1x16 calls at 64 callers used 17 % more server CPU per call
+    // that way). gRPC 1.51 marks this "not API"; its own trivial reactors do the same.
+    bool InternalInlineable() override { return true; }
 
    private:
     RawCall* const call_;
