@@ -15,6 +15,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -36,11 +37,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// utime + stime of `pid`, in seconds.
+// utime + stime of `pid`, in seconds. Exits with a message when there is no such process (the
+// server died or the pid is wrong): its CPU per call would be meaningless.
 double CpuSeconds(int pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  const size_t name_end = text.rfind(')');
+  if (name_end == std::string::npos || name_end + 2 > text.size()) {
+    std::fprintf(stderr, "serving_load: no process %d (--pid) to read the CPU time of\n", pid);
+    std::exit(2);
+  }
+  std::istringstream fields(text.substr(name_end + 2));
   std::string field;
   double ticks = 0;
   for (int i = 3; i <= 15 && fields >> field; ++i) {
