@@ -218,7 +218,9 @@ TEST(MetricsTest, ServesOnlyMetricsPath) {
   std::unique_ptr<Metrics> metrics = TwoModelMetrics();
   absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
-  EXPECT_EQ(testing::HttpGet(*port, "/").status().code(), absl::StatusCode::kNotFound);
+  const absl::Status root = testing::HttpGet(*port, "/").status();
+  EXPECT_EQ(root.code(), absl::StatusCode::kFailedPrecondition) << root;
+  EXPECT_NE(root.message().find("HTTP 404"), std::string::npos) << root;
   EXPECT_TRUE(testing::HttpGet(*port, "/metrics").ok());
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 
-// Reading /metrics in tests: a plain HTTP GET over a real socket, and the Prometheus text
-// format parsed into series, so tests check values by series name and labels.
+// Reading /metrics in tests: the load tester's HTTP GET (client/metrics_scrape.h) over a real
+// socket, and the Prometheus text format parsed into series, so tests check values by series
+// name and labels.
 
 #include <map>
 #include <string>
@@ -12,7 +13,8 @@
 
 namespace attnserve::server::testing {
 
-// GET `path` from 127.0.0.1:`port` (HTTP/1.0); the body when the status is 200.
+// GET `path` from 127.0.0.1:`port`; the body when the status is 200, else FAILED_PRECONDITION
+// naming the status.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 
 // Labels of one series, in any order.
