@@ -121,6 +121,19 @@ def measure(args, *runs):
     return medians if len(medians) > 1 else medians[0]
 
 
+def layer_alone(args):
+    """attnserve_bench's `small` shape (the demo layer's 1x16 call) on one thread: warm (back to
+    back, as in a busy server) and cold (alternating with a 4096^3 matmul), each with the peak
+    of that matmul measured in the same run."""
+    bench = os.path.join(args.build, "tests", "bench", "attnserve_bench")
+    out = {}
+    for mode, flags in (("warm", ["--warm"]), ("cold", [])):
+        text = subprocess.run([bench, "--shapes", "small", "--threads", "1", "--reps", "20",
+                               *flags], check=True, capture_output=True, text=True).stdout
+        out[mode] = json.loads(text.splitlines()[0])
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--build", default=os.path.join(HERE, "../../build"))
@@ -153,6 +166,7 @@ def main():
                                    "--port", str(port), "--stubs",
                                    os.path.join(args.build, "python")], port)
     rows = []
+    alone = layer_alone(args)
     try:
         floor = measure(args, (ours, {"method": "health"}))
         rows.append(("health Check (floor), 8 callers", floor, None, None))
@@ -205,7 +219,33 @@ def main():
     print(f"p99 at 1 caller, on / off: {one_on['p99_ms'] / one_off['p99_ms']:.2f}")
     print(f"overload, 4x256: ok calls/s at 256 / at 32 callers: "
           f"{many['ok_per_s'] / few['ok_per_s']:.2f} (codes at 256: {many['codes']})")
+    # What the layer alone costs, and the best figures that leaves for a server that ran it at
+    # the rate of a large oneDNN matmul on one core (the engine's measured best, not the CPU's
+    # limit) and spent nothing beyond the floor of a gRPC call on it.
+    warm, cold = alone["warm"], alone["cold"]
+    flops16 = warm["useful_gflops"] * warm["ms"] * 1e6
+    peak = warm["peak_gflops"] * 1e3  # FLOP per us
 
+    def layer_flops(tokens, d=256):  # the demo layer, bidirectional: projections + attention
+        return 8 * d * d * tokens + 4 * d * tokens * tokens
+
+    assert abs(layer_flops(16) / flops16 - 1) < 0.01, "attnserve_bench's small is not the demo 1x16"
+    least16 = flops16 / peak + f_cpu
+    least128 = layer_flops(128) / peak + f_cpu
+    print(f"the 1x16 layer alone (attnserve_bench small, 1 thread): warm {warm['ms'] * 1e3:.0f} us, "
+          f"cold {cold['ms'] * 1e3:.0f} us; at a 4096^3 matmul's rate on one core "
+          f"({warm['peak_gflops']:.0f} GFLOP/s, same run) its {flops16 / 1e6:.1f} MFLOP take "
+          f"{flops16 / peak:.0f} us")
+    print("ceilings, for a server whose only costs were the layer at that rate and the floor:")
+    print(f"  1x16 server CPU per call >= {least16:.0f} us = {least16 / f_cpu:.2f}x the floor "
+          f"(target <= 2.5x)")
+    print(f"  batching gain at 64 callers <= {gain_off['server_cpu_us_per_call'] / least16:.2f} "
+          f"(target >= 2)")
+    if base:
+        print(f"  calls/s against the baseline when both are bound by the same cores (baseline's "
+              f"CPU per call / ours at best): 1x16 <= "
+              f"{rows[1][3]['server_cpu_us_per_call'] / least16:.2f} (target >= 6), 1x128 <= "
+              f"{rows[2][3]['server_cpu_us_per_call'] / least128:.2f} (target >= 4)")
 
 if __name__ == "__main__":
     main()
