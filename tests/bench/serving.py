@@ -166,8 +166,8 @@ def main():
                                    "--port", str(port), "--stubs",
                                    os.path.join(args.build, "python")], port)
     rows = []
-    alone = layer_alone(args)
     try:
+        alone = layer_alone(args)  # the servers are idle meanwhile
         floor = measure(args, (ours, {"method": "health"}))
         rows.append(("health Check (floor), 8 callers", floor, None, None))
         for batch, seq in [(1, 16), (1, 128), (8, 128), (4, 256)]:
@@ -246,6 +246,7 @@ def main():
               f"CPU per call / ours at best): 1x16 <= "
               f"{rows[1][3]['server_cpu_us_per_call'] / least16:.2f} (target >= 6), 1x128 <= "
               f"{rows[2][3]['server_cpu_us_per_call'] / least128:.2f} (target >= 4)")
+
 
 if __name__ == "__main__":
     main()
