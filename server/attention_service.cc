@@ -4,6 +4,7 @@
 
 #include "server/forward_call.h"
 #include "server/forward_codec.h"
+#include "server/raw_call.h"
 
 namespace attnserve::server {
 
@@ -14,14 +15,16 @@ grpc::ServerUnaryReactor* AttentionService::Forward(grpc::CallbackServerContext*
 }
 
 grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerContext* context,
-                                                       const v1::ListModelsRequest* /*request*/,
-                                                       v1::ListModelsResponse* response) {
-  for (const auto& model : admission_->registry().models()) {
-    *response->add_models() = DescribeModel(*model);
-  }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return AnswerRawUnary<v1::ListModelsRequest, v1::ListModelsResponse>(
+      context, request, response,
+      [this](const v1::ListModelsRequest&, v1::ListModelsResponse* models) {
+        for (const auto& model : admission_->registry().models()) {
+          *models->add_models() = DescribeModel(*model);
+        }
+        return absl::OkStatus();
+      });
 }
 
 v1::ModelInfo DescribeModel(const ServedModel& model) {

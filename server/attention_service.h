@@ -5,12 +5,13 @@
 
 namespace attnserve::server {
 
-// attnserve.v1.AttentionService on gRPC's callback API. Forward is a raw method: its bytes go to
-// a ForwardCall, which admission decodes only once the call may be served; ListModels is typed.
-// Nothing here decides anything: the methods convert and delegate.
+// attnserve.v1.AttentionService on gRPC's callback API, every method raw (we parse the bytes, so
+// a body that is not the method's message gets INVALID_ARGUMENT with a message). Forward's bytes
+// go to a ForwardCall, which admission decodes only once the call may be served; ListModels is
+// answered at once. Nothing here decides anything: the methods convert and delegate.
 class AttentionService final
     : public v1::AttentionService::WithRawCallbackMethod_Forward<
-          v1::AttentionService::WithCallbackMethod_ListModels<v1::AttentionService::Service>> {
+          v1::AttentionService::WithRawCallbackMethod_ListModels<v1::AttentionService::Service>> {
  public:
   // `admission` outlives the service.
   explicit AttentionService(Admission* admission) : admission_(admission) {}
@@ -20,8 +21,8 @@ class AttentionService final
                                     grpc::ByteBuffer* response) override;
 
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
-                                       const v1::ListModelsRequest* request,
-                                       v1::ListModelsResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
  private:
   Admission* const admission_;

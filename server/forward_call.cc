@@ -1,24 +1,15 @@
 #include "server/forward_call.h"
 
 namespace attnserve::server {
-namespace {
-
-absl::Status NotAForwardRequest() {
-  return absl::InvalidArgumentError(
-      "the request body is not a valid attnserve.v1.ForwardRequest (malformed protobuf)");
-}
-
-}  // namespace
-
 absl::StatusOr<absl::string_view> ForwardCall::RequestedModel() {
   if (!ScanStringFields(&request_bytes_, {{v1::ForwardRequest::kModelFieldNumber, &model_}})) {
-    return NotAForwardRequest();
+    return Malformed();
   }
   return absl::string_view(model_);
 }
 
 absl::Status ForwardCall::Decode() {
-  if (!Parse()) return NotAForwardRequest();
+  if (!Parse()) return Malformed();
   return DecodeForwardRequest(*request_, &decoded_);
 }
 

@@ -4,21 +4,12 @@
 #include "server/forward_codec.h"
 
 namespace attnserve::server {
-namespace {
-
-absl::Status NotAnInferRequest() {
-  return absl::InvalidArgumentError(
-      "the request body is not a valid inference.ModelInferRequest (malformed protobuf)");
-}
-
-}  // namespace
-
 absl::StatusOr<absl::string_view> InferCall::RequestedModel() {
   using inference::ModelInferRequest;
   if (!ScanStringFields(&request_bytes_,
                         {{ModelInferRequest::kModelNameFieldNumber, &model_},
                          {ModelInferRequest::kModelVersionFieldNumber, &version_}})) {
-    return NotAnInferRequest();
+    return Malformed();
   }
   if (!version_.empty() && version_ != kInferModelVersion) {
     return absl::NotFoundError(absl::StrCat("model version '", version_.substr(0, 64),
@@ -29,7 +20,7 @@ absl::StatusOr<absl::string_view> InferCall::RequestedModel() {
 }
 
 absl::Status InferCall::Decode() {
-  if (!Parse()) return NotAnInferRequest();
+  if (!Parse()) return Malformed();
   return DecodeInferRequest(*request_, &decoded_);
 }
 

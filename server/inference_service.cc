@@ -3,9 +3,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "server/grpc_status.h"
 #include "server/infer_call.h"
 #include "server/infer_codec.h"
+#include "server/raw_call.h"
 
 namespace attnserve::server {
 namespace {
@@ -13,13 +13,6 @@ namespace {
 // The server's name, and the platform every model reports, as the protocol's metadata says.
 constexpr char kServerName[] = "attnserve";
 constexpr char kPlatform[] = "attnserve_onednn";
-
-// Finishes a typed call with `status`.
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 void AddTensor(
     const char* name, const char* datatype, std::initializer_list<int64_t> shape,
@@ -33,43 +26,65 @@ void AddTensor(
 }  // namespace
 
 grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerContext* context,
-                                                       const inference::ServerLiveRequest*,
-                                                       inference::ServerLiveResponse* response) {
-  response->set_live(true);
-  return Answer(context, absl::OkStatus());
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return AnswerRawUnary<inference::ServerLiveRequest, inference::ServerLiveResponse>(
+      context, request, response,
+      [](const inference::ServerLiveRequest&, inference::ServerLiveResponse* live) {
+        live->set_live(true);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerContext* context,
-                                                        const inference::ServerReadyRequest*,
-                                                        inference::ServerReadyResponse* response) {
-  response->set_ready(admission_->accepting());
-  return Answer(context, absl::OkStatus());
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return AnswerRawUnary<inference::ServerReadyRequest, inference::ServerReadyResponse>(
+      context, request, response,
+      [this](const inference::ServerReadyRequest&, inference::ServerReadyResponse* ready) {
+        ready->set_ready(admission_->accepting());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerContext* context,
-                                                       const inference::ModelReadyRequest* request,
-                                                       inference::ModelReadyResponse* response) {
-  absl::StatusOr<ServedModel*> model = FindModel(request->name(), request->version());
-  if (model.ok()) response->set_ready(admission_->accepting());
-  return Answer(context, model.status());
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return AnswerRawUnary<inference::ModelReadyRequest, inference::ModelReadyResponse>(
+      context, request, response,
+      [this](const inference::ModelReadyRequest& asked, inference::ModelReadyResponse* ready) {
+        absl::StatusOr<ServedModel*> model = FindModel(asked.name(), asked.version());
+        if (model.ok()) ready->set_ready(admission_->accepting());
+        return model.status();
+      });
 }
 
-grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
-    grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
-    inference::ServerMetadataResponse* response) {
-  response->set_name(kServerName);
-  response->set_version(ATTNSERVE_VERSION);
-  // Request parameters (`kind`, `return_attention`) are the one extension the contract uses.
-  response->add_extensions("parameters");
-  return Answer(context, absl::OkStatus());
+grpc::ServerUnaryReactor* InferenceService::ServerMetadata(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return AnswerRawUnary<inference::ServerMetadataRequest, inference::ServerMetadataResponse>(
+      context, request, response,
+      [](const inference::ServerMetadataRequest&, inference::ServerMetadataResponse* metadata) {
+        metadata->set_name(kServerName);
+        metadata->set_version(ATTNSERVE_VERSION);
+        // Request parameters (`kind`, `return_attention`) are the one extension the contract
+        // uses.
+        metadata->add_extensions("parameters");
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
-    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
-    inference::ModelMetadataResponse* response) {
-  absl::StatusOr<ServedModel*> model = FindModel(request->name(), request->version());
-  if (model.ok()) *response = DescribeInferModel(**model);
-  return Answer(context, model.status());
+grpc::ServerUnaryReactor* InferenceService::ModelMetadata(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return AnswerRawUnary<inference::ModelMetadataRequest, inference::ModelMetadataResponse>(
+      context, request, response,
+      [this](const inference::ModelMetadataRequest& asked,
+             inference::ModelMetadataResponse* metadata) {
+        absl::StatusOr<ServedModel*> model = FindModel(asked.name(), asked.version());
+        if (model.ok()) *metadata = DescribeInferModel(**model);
+        return model.status();
+      });
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,

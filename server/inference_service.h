@@ -6,31 +6,38 @@
 namespace attnserve::server {
 
 // The Open Inference Protocol (KServe v2, inference.GRPCInferenceService) on gRPC's callback
-// API, beside attnserve.v1 on the same port. ModelInfer is a raw method: its bytes go to an
-// InferCall, which admission decodes only once the call may be served, exactly as Forward's;
-// the liveness, readiness and metadata methods are typed. The methods convert and delegate.
+// API, beside attnserve.v1 on the same port, every method raw (we parse the bytes, so a body that
+// is not the method's message gets INVALID_ARGUMENT with a message). ModelInfer's bytes go to an
+// InferCall, which admission decodes only once the call may be served, exactly as Forward's; the
+// liveness, readiness and metadata methods are answered at once. The methods convert and
+// delegate.
 class InferenceService final
-    : public inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
-          inference::GRPCInferenceService::CallbackService> {
+    : public inference::GRPCInferenceService::WithRawCallbackMethod_ServerLive<
+          inference::GRPCInferenceService::WithRawCallbackMethod_ServerReady<
+              inference::GRPCInferenceService::WithRawCallbackMethod_ModelReady<
+                  inference::GRPCInferenceService::WithRawCallbackMethod_ServerMetadata<
+                      inference::GRPCInferenceService::WithRawCallbackMethod_ModelMetadata<
+                          inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+                              inference::GRPCInferenceService::Service>>>>>> {
  public:
   // `admission` outlives the service.
   explicit InferenceService(Admission* admission) : admission_(admission) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
-                                       const inference::ServerLiveRequest* request,
-                                       inference::ServerLiveResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
-                                        const inference::ServerReadyRequest* request,
-                                        inference::ServerReadyResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
-                                       const inference::ModelReadyRequest* request,
-                                       inference::ModelReadyResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
-                                           const inference::ServerMetadataRequest* request,
-                                           inference::ServerMetadataResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
-                                          const inference::ModelMetadataRequest* request,
-                                          inference::ModelMetadataResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;

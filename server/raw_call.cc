@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -9,6 +10,11 @@
 namespace attnserve::server {
 
 using google::protobuf::internal::WireFormatLite;
+
+absl::Status MalformedBody(absl::string_view type_name) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the request body is not a valid ", type_name, " (malformed protobuf)"));
+}
 
 Clock::time_point SteadyDeadline(const grpc::CallbackServerContext& context) {
   const auto deadline = context.deadline();

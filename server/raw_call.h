@@ -30,6 +30,35 @@ Clock::time_point SteadyDeadline(const grpc::CallbackServerContext& context);
 bool ScanStringFields(grpc::ByteBuffer* bytes,
                       std::initializer_list<std::pair<int, std::string*>> fields);
 
+// INVALID_ARGUMENT for a body that is not a `type_name` message (a full protobuf name): every
+// raw method's one answer to it.
+absl::Status MalformedBody(absl::string_view type_name);
+
+// A unary method answered at once on gRPC's thread (metadata, liveness, readiness), served raw
+// so that a body that is not a `Request` gets MalformedBody; gRPC's typed handlers answer it
+// UNIMPLEMENTED with no message. `answer(request, &response)` fills the reply and returns the
+// call's status.
+template <typename Request, typename Response, typename Answer>
+grpc::ServerUnaryReactor* AnswerRawUnary(grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer* request_bytes,
+                                         grpc::ByteBuffer* response_bytes, Answer answer) {
+  grpc::ByteBuffer bytes(*request_bytes);  // shares gRPC's slices; the reader needs it mutable
+  grpc::ProtoBufferReader reader(&bytes);
+  Request request;
+  Response response;
+  const absl::Status status = request.ParseFromZeroCopyStream(&reader)
+                                  ? answer(request, &response)
+                                  : MalformedBody(Request::descriptor()->full_name());
+  grpc::Status reply = ToGrpcStatus(status);
+  if (status.ok()) {
+    bool own_buffer = false;
+    reply = grpc::SerializationTraits<Response>::Serialize(response, response_bytes, &own_buffer);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(reply);
+  return reactor;
+}
+
 // One call of a raw unary method whose body is a `Request` and whose reply a `Response`: the
 // request's bytes as gRPC received them (so a body that is not a `Request` gets a clear
 // INVALID_ARGUMENT from the frontend's codec, not gRPC's bare UNIMPLEMENTED), parsed onto an
@@ -68,6 +97,9 @@ class RawCall : public Job {
     grpc::ProtoBufferReader reader(&request_bytes_);
     return request_->ParseFromZeroCopyStream(&reader);
   }
+
+  // The answer to bytes that are not a `Request`.
+  static absl::Status Malformed() { return MalformedBody(Request::descriptor()->full_name()); }
 
   // The reply, made on the arena when compute starts; Finish sends it.
   Response* NewResponse() {

@@ -701,6 +701,25 @@ TEST_F(InferRefusalTest, BytesThatAreNotAModelInferRequestAreInvalidArgumentWith
   EXPECT_TRUE(Call(ValidInfer(false), &response).ok());
 }
 
+// The other methods parse their bodies too: gRPC's typed handlers would answer UNIMPLEMENTED
+// with no message.
+TEST_F(InferRefusalTest, EveryMethodAnswersBytesThatAreNotItsRequestWithAMessage) {
+  for (const std::string method :
+       {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata"}) {
+    std::string reply;
+    const grpc::Status status = CallRaw(channel_.get(), "/inference.GRPCInferenceService/" + method,
+                                        "\xff\xff\xff\xff", &reply);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_NE(status.error_message().find("not a valid inference." + method + "Request"),
+              std::string::npos)
+        << method << ": " << status.error_message();
+    // An empty body is a valid (empty) request of every one of them.
+    EXPECT_TRUE(
+        CallRaw(channel_.get(), "/inference.GRPCInferenceService/" + method, "", &reply).ok())
+        << method;
+  }
+}
+
 }  // namespace
 }  // namespace attnserve::server::testing
 
@@ -743,8 +762,8 @@ TEST(InferenceMetricsTest, CallsFromBothFrontendsAreCountedTogether) {
   ASSERT_TRUE(series.ok()) << series.status();
   const std::string ok = SeriesKey("attnserve_requests_total",
                                    {{"model", "demo"}, {"kind", "causal"}, {"code", "OK"}});
-  const std::string not_found = SeriesKey("attnserve_requests_total",
-                                          {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}});
+  const std::string not_found =
+      SeriesKey("attnserve_requests_total", {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}});
   EXPECT_EQ((*series)[ok], 5) << ok;
   EXPECT_EQ((*series)[not_found], 1) << not_found;
   EXPECT_EQ((*series)[SeriesKey("attnserve_tokens_total", {{"model", "demo"}, {"kind", "causal"}})],

@@ -244,7 +244,9 @@ TEST_F(MalformedTest, BytesThatAreNotAForwardRequestAreInvalidArgumentWithAMessa
   const std::vector<std::pair<std::string, std::string>> bodies = {
       {"garbage", "\xff\xff\xff\xff not a protobuf at all"},
       {"truncated", valid.substr(0, valid.size() / 2)},
-      {"a model name longer than the body", "\x0a\x7f" "abc"},
+      {"a model name longer than the body",
+       "\x0a\x7f"
+       "abc"},
   };
   for (const auto& [name, body] : bodies) {
     std::string reply;
@@ -257,6 +259,22 @@ TEST_F(MalformedTest, BytesThatAreNotAForwardRequestAreInvalidArgumentWithAMessa
   }
   v1::ForwardResponse response;
   EXPECT_TRUE(Call(ValidRequest(), &response).ok());
+}
+
+TEST_F(MalformedTest, BytesThatAreNotAListModelsRequestAreInvalidArgumentWithAMessage) {
+  const std::string method = "/attnserve.v1.AttentionService/ListModels";
+  std::string reply;
+  const grpc::Status status = CallRaw(channel_.get(), method, "\xff\xff\xff\xff", &reply);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("not a valid attnserve.v1.ListModelsRequest"),
+            std::string::npos)
+      << status.error_message();
+  ASSERT_TRUE(CallRaw(channel_.get(), method, "", &reply).ok());
+  v1::ListModelsResponse models;
+  ASSERT_TRUE(models.ParseFromString(reply));
+  std::vector<std::string> names;
+  for (const auto& model : models.models()) names.push_back(model.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"demo", "query_kv"}));
 }
 
 TEST_F(MalformedTest, ANonFiniteValueIsReportedByItsPosition) {
