@@ -18,10 +18,17 @@ using dt = dnnl::memory::data_type;
 using Dims = dnnl::memory::dims;
 
 // std::map key: the fields of MatmulKey in order.
-using KeyTuple = std::tuple<int64_t, int64_t, int64_t, bool, bool, int>;
+using KeyTuple = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int64_t>;
 
 KeyTuple AsTuple(const MatmulKey& key) {
-  return {key.m, key.k, key.n, key.bf16, key.bias, key.threads};
+  return {key.m, key.k, key.n, key.bf16, key.bias, key.threads, key.w_ld};
+}
+
+// W as the matmul's [k, n] operand, in the key's layout.
+dnnl::memory::desc WeightsDesc(const MatmulKey& key) {
+  const dt type = key.bf16 ? dt::bf16 : dt::f32;
+  return key.w_ld == 0 ? dnnl::memory::desc(Dims{key.k, key.n}, type, Dims{1, key.k})
+                       : dnnl::memory::desc(Dims{key.k, key.n}, type, Dims{key.w_ld, 1});
 }
 
 // Builds the primitive. Row strides are fixed (only M may be runtime): runtime strides make
@@ -29,8 +36,7 @@ KeyTuple AsTuple(const MatmulKey& key) {
 CachedMatmul CreateMatmul(const MatmulKey& key) {
   const dt in_type = key.bf16 ? dt::bf16 : dt::f32;
   const dnnl::memory::desc x_md(Dims{key.m, key.k}, in_type, Dims{key.k, 1});
-  // W is [n, k] row-major; as the [k, n] operand of the matmul that is column-major ("ba").
-  const dnnl::memory::desc w_md(Dims{key.k, key.n}, in_type, Dims{1, key.k});
+  const dnnl::memory::desc w_md = WeightsDesc(key);
   const dnnl::memory::desc b_md =
       key.bias ? dnnl::memory::desc(Dims{1, key.n}, dt::f32, Dims{key.n, 1}) : dnnl::memory::desc();
   const dnnl::memory::desc y_md(Dims{key.m, key.n}, dt::f32, Dims{key.n, 1});
@@ -40,8 +46,7 @@ CachedMatmul CreateMatmul(const MatmulKey& key) {
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x_md, w_md, b_md, y_md), attr,
                                         CpuEngine());
-  return CachedMatmul{key, dnnl::matmul(pd), pd.scratchpad_desc(),
-                      pd.scratchpad_desc().get_size()};
+  return CachedMatmul{key, dnnl::matmul(pd), pd.scratchpad_desc(), pd.scratchpad_desc().get_size()};
 }
 
 }  // namespace
@@ -81,8 +86,7 @@ void ExecuteMatmul(const CachedMatmul& matmul, const MatmulArgs& args) {
   // Memory objects only wrap the caller's pointers (no allocation of data).
   const dnnl::memory x(dnnl::memory::desc(Dims{args.rows, key.k}, in_type, Dims{key.k, 1}), engine,
                        const_cast<void*>(args.x));
-  const dnnl::memory w(dnnl::memory::desc(Dims{key.k, key.n}, in_type, Dims{1, key.k}), engine,
-                       const_cast<void*>(args.weights));
+  const dnnl::memory w(WeightsDesc(key), engine, const_cast<void*>(args.weights));
   const dnnl::memory y(dnnl::memory::desc(Dims{args.rows, key.n}, dt::f32, Dims{key.n, 1}), engine,
                        args.y);
   std::unordered_map<int, dnnl::memory> exec_args = {

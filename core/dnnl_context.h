@@ -19,15 +19,18 @@ const dnnl::engine& CpuEngine();
 // A stream on CpuEngine() owned by the calling thread: streams are not shared between threads.
 dnnl::stream& ThreadStream();
 
-// A linear map y[m, n] = x[m, k] * W^T (+ b) with W stored as nn.Linear does, row-major [n, k]
-// (read transposed through its memory descriptor, no copy). x and W share `bf16`; b and y are f32.
+// A linear map y[m, n] = x[m, k] * W^T (+ b) for nn.Linear's W [n, k]. W is read in one of two
+// layouts: as nn.Linear stores it, row-major [n, k], read transposed through its memory
+// descriptor (w_ld == 0), or already transposed, W^T row-major [k, n] with its rows w_ld >= n
+// apart (a column block of a wider matrix when w_ld > n). x and W share `bf16`; b and y are f32.
 struct MatmulKey {
   int64_t m = 0;  // rows, or DNNL_RUNTIME_DIM_VAL for one primitive that takes any row count
   int64_t k = 0;
   int64_t n = 0;
   bool bf16 = false;
   bool bias = false;
-  int threads = 0;  // OpenMP team it was made for: oneDNN fixes its work split at creation
+  int threads = 0;   // OpenMP team it was made for: oneDNN fixes its work split at creation
+  int64_t w_ld = 0;  // 0: W row-major [n, k]; else the row stride of W^T [k, n]
 };
 
 // A created matmul primitive and what it needs at execution.
