@@ -336,8 +336,9 @@ int64_t ForwardShapes::attention_size() const {
 struct Layer::Impl {
   LayerSpec spec;
   Precision precision = Precision::kF32;
-  std::vector<float> w_qkv, b_qkv, w_o, b_o;  // f32 weights (emptied for bf16); biases always
-  std::vector<uint16_t> w_qkv16, w_o16;       // bf16 weights
+  std::vector<float> w_qkv, w_o;         // f32 weights (W^T; empty for bf16)
+  std::vector<float> b_qkv, b_o;         // biases, f32 for both precisions
+  std::vector<uint16_t> w_qkv16, w_o16;  // bf16 weights
 
   bool bf16() const { return precision == Precision::kBF16; }
   bool fused() const { return spec.serves_self_attention(); }
@@ -392,12 +393,19 @@ std::vector<float> Stack(std::initializer_list<const std::vector<float>*> parts)
   return out;
 }
 
-// W^T of a row-major [rows, columns] matrix: row-major [columns, rows].
+// W^T of a row-major [rows, columns] matrix: row-major [columns, rows]. In square tiles, so a
+// large layer's matrices (a 4096-wide one is 200 MB) are not read or written a stride apart.
 std::vector<float> Transposed(const std::vector<float>& w, int64_t rows, int64_t columns) {
+  constexpr int64_t kTile = 64;
   std::vector<float> out(w.size());
   if (w.empty()) return out;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < columns; ++c) out[c * rows + r] = w[r * columns + c];
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < columns; c0 += kTile) {
+      const int64_t r_end = std::min(rows, r0 + kTile), c_end = std::min(columns, c0 + kTile);
+      for (int64_t r = r0; r < r_end; ++r) {
+        for (int64_t c = c0; c < c_end; ++c) out[c * rows + r] = w[r * columns + c];
+      }
+    }
   }
   return out;
 }
