@@ -393,21 +393,26 @@ std::vector<float> Stack(std::initializer_list<const std::vector<float>*> parts)
   return out;
 }
 
-// W^T of a row-major [rows, columns] matrix: row-major [columns, rows]. In square tiles, so a
-// large layer's matrices (a 4096-wide one is 200 MB) are not read or written a stride apart.
-std::vector<float> Transposed(const std::vector<float>& w, int64_t rows, int64_t columns) {
+// Writes W^T of a row-major [rows, columns] matrix into `out`, row-major [columns, rows] with its
+// rows `ld` apart (a column block of a wider matrix when ld > rows). In square tiles, so a large
+// layer's matrices (a 4096-wide one is 200 MB) are not read or written a stride apart.
+void TransposeInto(const std::vector<float>& w, int64_t rows, int64_t columns, float* out,
+                   int64_t ld) {
   constexpr int64_t kTile = 64;
-  std::vector<float> out(w.size());
-  if (w.empty()) return out;
   for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
     for (int64_t c0 = 0; c0 < columns; c0 += kTile) {
       const int64_t r_end = std::min(rows, r0 + kTile), c_end = std::min(columns, c0 + kTile);
       for (int64_t r = r0; r < r_end; ++r) {
-        for (int64_t c = c0; c < c_end; ++c) out[c * rows + r] = w[r * columns + c];
+        for (int64_t c = c0; c < c_end; ++c) out[c * ld + r] = w[r * columns + c];
       }
     }
   }
-  return out;
+}
+
+// Where Create writes a projection's W^T: the f32 buffers the Impl owns, at the place and with
+// the row stride its Projection reads them from, so the layout is decided in one place.
+float* Destination(const Projection& p) {
+  return const_cast<float*>(static_cast<const float*>(p.weights));
 }
 
 std::vector<uint16_t> ToBf16(const std::vector<float>& values) {
@@ -435,16 +440,17 @@ absl::StatusOr<std::shared_ptr<const Layer>> Layer::Create(LayerWeights weights,
       impl->w_qkv16 = ToBf16(Stack({&weights.w_q, &weights.w_k, &weights.w_v}));
       impl->w_o16 = ToBf16(weights.w_o);
     } else {
-      if (impl->fused()) {
-        impl->w_qkv =
-            Transposed(Stack({&weights.w_q, &weights.w_k, &weights.w_v}), 3 * inner, spec.d_model);
-      } else {
-        impl->w_qkv = Transposed(weights.w_q, inner, spec.d_model);
-        const std::vector<float> kv =
-            Transposed(Stack({&weights.w_k, &weights.w_v}), 2 * inner, spec.d_context);
-        impl->w_qkv.insert(impl->w_qkv.end(), kv.begin(), kv.end());
-      }
-      impl->w_o = Transposed(weights.w_o, spec.d_model, inner);  // empty without W_o
+      // Each matrix transposed straight into its place (Q(), KV(), Out() say where): no stacked
+      // copy on the way, so a large layer's weights exist at most twice while loading.
+      impl->w_qkv.resize(weights.w_q.size() + weights.w_k.size() + weights.w_v.size());
+      const Projection q = impl->Q(), kv = impl->KV();
+      TransposeInto(weights.w_q, inner, spec.d_model, Destination(q), q.w_ld);
+      TransposeInto(weights.w_k, inner, spec.d_context, Destination(kv), kv.w_ld);
+      TransposeInto(weights.w_v, inner, spec.d_context, Destination(kv) + inner, kv.w_ld);
+      impl->w_o.resize(weights.w_o.size());  // empty without W_o
+      const Projection out = impl->Out();
+      if (!impl->w_o.empty())
+        TransposeInto(weights.w_o, spec.d_model, inner, Destination(out), out.w_ld);
     }
     CpuEngine();  // fail here, not in the first call, if oneDNN cannot make an engine
     return std::shared_ptr<const Layer>(new Layer(std::move(impl)));
