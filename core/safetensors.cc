@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/float16.h"
 #include "core/guarded.h"
 #include "nlohmann/json.hpp"
 
@@ -168,30 +169,6 @@ absl::Status CheckCoverage(const std::string& path, std::vector<TensorEntry>& en
   }
   return absl::OkStatus();
 }
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exponent = (h >> 10) & 0x1fu;
-  uint32_t mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {  // infinity or NaN keep their payload
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {  // normal: rebias 15 -> 127
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal half: normalise, every one is a normal float
-    exponent = 113;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      --exponent;
-    }
-    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
-float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
 std::vector<float> ConvertToFloat(std::string_view dtype, const std::vector<char>& raw) {
   std::vector<float> values;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "server/logging.h"
+#include "server/observability/log_setup.h"
 #include "server/options.h"
 #include "server/server.h"
 

@@ -7,13 +7,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/layer_spec.h"
-#include "core/weights.h"
+#include "server/serving/model_config.h"
+#include "server/serving/scheduler.h"
+#include "server/transport/credentials.h"
 
 namespace attnserve::server {
-
-// The path that names the built-in demo layer instead of a file (`--model demo=built-in`).
-inline constexpr absl::string_view kBuiltInSource = "built-in";
 
 // Where Prometheus scrapes /metrics unless --metrics-listen says otherwise (Triton's port).
 inline constexpr absl::string_view kDefaultMetricsListen = "0.0.0.0:8002";
@@ -23,22 +21,6 @@ inline bool MetricsOff(absl::string_view metrics_listen) {
   return metrics_listen.empty() || metrics_listen == "off";
 }
 
-// One model to serve: a name clients use, where its weights come from and how to read them.
-struct ModelConfig {
-  std::string name;
-  std::string path = std::string(kBuiltInSource);  // a safetensors file, or kBuiltInSource
-  core::LoadOptions load;
-  core::Precision precision = core::Precision::kF32;
-};
-
-// Where the main port's TLS material lives (PEM files); all empty: plaintext.
-struct TlsFiles {
-  std::string cert;          // certificate chain (--tls-cert)
-  std::string key;           // private key (--tls-key)
-  std::string client_ca;     // CA bundle client certificates must chain to (--tls-client-ca)
-  int refresh_seconds = 10;  // how often the files are checked for a rotation
-};
-
 // Everything the server is configured with; main fills it from the command line.
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // HOST:PORT; port 0 picks a free port
@@ -47,9 +29,11 @@ struct ServerOptions {
   int compute_threads = 0;               // OpenMP threads per Forward; 0: every core
   int grpc_threads = 0;                  // cap on gRPC's threads; 0: gRPC's default
   int max_message_mib = 64;              // largest request or response
-  int max_queue = 128;                   // calls waiting per model before RESOURCE_EXHAUSTED
+  // calls waiting per model before RESOURCE_EXHAUSTED
+  int max_queue = SchedulerOptions{}.max_queue;
   int max_streams = 128;                 // calls in flight per connection (HTTP/2 streams)
-  int64_t max_batch_tokens = 4096;       // dynamic batching: token target per run; 0: none
+  // dynamic batching: token target per run; 0: none
+  int64_t max_batch_tokens = SchedulerOptions{}.max_batch_tokens;
   int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
   TlsFiles tls;                          // main port: TLS / mTLS when set
   std::string auth_token_file;           // main port: bearer tokens, one a line, when set

@@ -15,11 +15,10 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "server/credentials.h"
-#include "server/forward_codec.h"
-#include "server/logging.h"
-#include "server/metrics.h"
-#include "server/reflection.h"
+#include "server/transport/credentials.h"
+#include "server/observability/log_setup.h"
+#include "server/observability/metrics.h"
+#include "server/transport/reflection.h"
 
 namespace attnserve::server {
 namespace {
@@ -27,7 +26,7 @@ namespace {
 constexpr std::chrono::milliseconds kFlushTime(1000);
 // A probe of the listener that gRPC has not accepted by then means it no longer accepts.
 constexpr std::chrono::milliseconds kListenerProbeDeadline(3000);
-constexpr std::chrono::seconds kTokenPollInterval(1);
+constexpr std::chrono::milliseconds kTokenPollInterval(1000);
 
 // Writes the port through a temporary file and a rename, so a reader never sees half of it.
 absl::Status WritePortFile(const std::string& path, int port) {
@@ -44,37 +43,6 @@ absl::Status WritePortFile(const std::string& path, int port) {
         absl::StrCat("cannot write --port-file ", path, ": ", error.message()));
   }
   return absl::OkStatus();
-}
-
-// The fields of `info` as log fields under their proto names, so the start-up log says what
-// ListModels says without listing the fields again; kinds as core spells them.
-std::vector<LogField> FieldsOf(const v1::ModelInfo& info) {
-  const google::protobuf::Descriptor* descriptor = info.GetDescriptor();
-  const google::protobuf::Reflection* reflection = info.GetReflection();
-  std::vector<LogField> fields;
-  for (int i = 0; i < descriptor->field_count(); ++i) {
-    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
-    if (field->number() == v1::ModelInfo::kKindsFieldNumber) {
-      std::vector<std::string> kinds;
-      for (int kind : info.kinds()) {
-        absl::StatusOr<core::AttentionKind> core_kind = KindFromProto(kind);
-        if (core_kind.ok()) kinds.emplace_back(core::KindName(*core_kind));
-      }
-      fields.emplace_back(field->name(), absl::StrJoin(kinds, ","));
-      continue;
-    }
-    switch (field->cpp_type()) {
-      case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
-        fields.emplace_back(field->name(), reflection->GetInt32(info, field));
-        break;
-      case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
-        fields.emplace_back(field->name(), reflection->GetBool(info, field));
-        break;
-      default:
-        fields.emplace_back(field->name(), reflection->GetString(info, field));
-    }
-  }
-  return fields;
 }
 
 void SetHealth(grpc::Server* server, bool serving) {
@@ -234,11 +202,9 @@ absl::Status Server::StartHealthPort(const ServerOptions& options) {
 
 void Server::StartWatchers(const ServerOptions& options) {
   if (auth_ != nullptr) {
-    token_reloader_ = std::thread([this] {
-      std::unique_lock lock(reload_mu_);
-      while (!reload_wake_.wait_for(lock, kTokenPollInterval, [this] { return stop_reloading_; })) {
-        auth_->ReloadIfChanged();
-      }
+    token_reloader_ = std::make_unique<PeriodicThread>(kTokenPollInterval, [this] {
+      auth_->ReloadIfChanged();
+      return true;
     });
   }
   if (options.listener_check_ms == 0) return;
@@ -279,12 +245,7 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
   Log(LogLevel::kInfo, "shutting down: draining calls", {{"address", address_}});
   // The listener is about to close on purpose: its watchdog must not take that for deafness.
   watchdog_.reset();
-  {
-    std::lock_guard reload_lock(reload_mu_);
-    stop_reloading_ = true;
-  }
-  reload_wake_.notify_all();
-  if (token_reloader_.joinable()) token_reloader_.join();
+  token_reloader_.reset();
   // Load balancers first, so they stop sending; then refuse what still arrives.
   SetServing(false);
   admission_->StopAccepting();
@@ -308,17 +269,7 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
 
 absl::Status Server::StartMetrics(const ServerOptions& options) {
   if (MetricsOff(options.metrics_listen)) return absl::OkStatus();
-  for (const auto& model : registry_->models()) {
-    const core::LayerSpec& spec = model->layer->spec();
-    metrics_->SetModelInfo(
-        {.name = model->name,
-         .layout = std::string(core::LayoutName(spec.layout)),
-         .precision = std::string(core::PrecisionName(model->layer->precision())),
-         .d_model = spec.d_model,
-         .d_context = spec.d_context,
-         .num_heads = spec.num_heads,
-         .head_dim = spec.head_dim});
-  }
+  for (const auto& model : registry_->models()) metrics_->SetModelInfo(model->summary);
   absl::StatusOr<int> port = metrics_->Serve(options.metrics_listen);
   if (port.ok()) {
     metrics_port_ = *port;
@@ -358,7 +309,7 @@ void Server::LogSummary(const ServerOptions& options) const {
         {{"address", address_}});
   }
   for (const auto& model : registry_->models()) {
-    Log(LogLevel::kInfo, "model loaded", FieldsOf(DescribeModel(*model)));
+    Log(LogLevel::kInfo, "model loaded", SummaryFields(model->summary));
   }
 }
 

@@ -1,24 +1,23 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
-#include "server/admission.h"
-#include "server/attention_service.h"
-#include "server/call_reporter.h"
-#include "server/inference_service.h"
-#include "server/listener_watchdog.h"
-#include "server/metrics.h"
-#include "server/model_registry.h"
+#include "server/base/periodic_thread.h"
+#include "server/serving/admission.h"
+#include "server/frontends/v1/attention_service.h"
+#include "server/serving/call_reporter.h"
+#include "server/frontends/oip/inference_service.h"
+#include "server/transport/listener_watchdog.h"
+#include "server/observability/metrics.h"
+#include "server/serving/model_registry.h"
 #include "server/options.h"
-#include "server/token_auth.h"
+#include "server/transport/token_auth.h"
 
 namespace attnserve::server {
 
@@ -97,10 +96,7 @@ class Server {
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by shutdown_mu_
   // Polls the token file for changes until shutdown.
-  std::mutex reload_mu_;
-  std::condition_variable reload_wake_;
-  bool stop_reloading_ = false;  // guarded by reload_mu_
-  std::thread token_reloader_;
+  std::unique_ptr<PeriodicThread> token_reloader_;
 };
 
 }  // namespace attnserve::server

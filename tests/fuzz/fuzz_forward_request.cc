@@ -1,5 +1,5 @@
 // libFuzzer harness: bytes as an attnserve.v1.ForwardRequest, through what the server does with
-// a call before and after it queues it: DecodeForwardRequest (server/forward_codec.h), then
+// a call before and after it queues it: DecodeForwardRequest (server/frontends/v1/forward_codec.h), then
 // core::Layer::Validate on the demo layer and, for a small valid call, the reply buffers
 // (PrepareForwardResponse) and Forward into them. Any input must give a status, never a crash
 // or a sanitizer report. Kept small on purpose: the codec's API is the thing most likely to move.
@@ -13,7 +13,7 @@
 #include "core/layer.h"
 #include "core/runtime_info.h"
 #include "core/weights.h"
-#include "server/forward_codec.h"
+#include "server/frontends/v1/forward_codec.h"
 
 namespace {
 

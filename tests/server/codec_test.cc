@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/forward_codec.h"
+#include "server/frontends/tensor_codec.h"
+#include "server/frontends/v1/forward_codec.h"
 
 namespace attnserve::server::testing {
 namespace {

@@ -16,11 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "core/float16.h"
 #include "core/layer_spec.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
-#include "server/forward_codec.h"
-#include "server/infer_codec.h"
+#include "server/frontends/v1/forward_codec.h"
+#include "server/frontends/oip/infer_codec.h"
 #include "tests/common/golden.h"
 #include "tests/server/scrape.h"
 #include "tests/server/test_util.h"
@@ -293,15 +294,15 @@ TEST(InferCodecTest, HalfConversionEqualsTheCompilersForEveryBitPattern) {
     const uint16_t pattern = static_cast<uint16_t>(bits);
     std::memcpy(&half, &pattern, sizeof(half));
     const float want = static_cast<float>(half);
-    const float got = HalfToFloat(static_cast<uint16_t>(bits));
+    const float got = core::HalfToFloat(static_cast<uint16_t>(bits));
     if (std::isnan(want)) {
       ASSERT_TRUE(std::isnan(got)) << bits;
     } else {
       ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << bits;
     }
   }
-  EXPECT_EQ(Bfloat16ToFloat(0x3f80), 1.0f);
-  EXPECT_EQ(Bfloat16ToFloat(0xc040), -3.0f);
+  EXPECT_EQ(core::BFloat16ToFloat(0x3f80), 1.0f);
+  EXPECT_EQ(core::BFloat16ToFloat(0xc040), -3.0f);
 }
 
 TEST_F(InferenceTest, OnlyTheRequestedOutputsAreSent) {

@@ -1,7 +1,7 @@
 // The log as an operator reads it: floods summarised (LogSummarizer), and gRPC's and
 // protobuf's own lines written by our logger, as JSON and at our level.
 
-#include "server/logging.h"
+#include "server/observability/log_setup.h"
 
 #include <chrono>
 #include <sstream>
@@ -13,7 +13,7 @@
 #include "grpc/support/log.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "server/log_summary.h"
+#include "server/observability/log_summary.h"
 
 namespace attnserve::server {
 namespace {

@@ -1,7 +1,7 @@
 // The Metrics class on its real HTTP endpoint: what is recorded is what a scrape of /metrics
 // reads back, series by series.
 
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -23,27 +23,30 @@ namespace {
 using testing::Scrape;
 using testing::SeriesKey;
 
-std::vector<ModelLabels> TwoModels() {
-  return {{.name = "enc",
-           .layout = "torch_mha",
-           .precision = "f32",
-           .d_model = 768,
-           .d_context = 768,
-           .num_heads = 12,
-           .head_dim = 64},
-          {.name = "dec",
-           .layout = "fused_qkv",
-           .precision = "bf16",
-           .d_model = 256,
-           .d_context = 512,
-           .num_heads = 4,
-           .head_dim = 64}};
+ModelSummary Summary(std::string name, std::string layout, std::string precision,
+                     int64_t d_model, int64_t d_context, int64_t num_heads, int64_t head_dim) {
+  ModelSummary summary;
+  summary.name = std::move(name);
+  summary.layout = std::move(layout);
+  summary.precision = std::move(precision);
+  summary.d_model = d_model;
+  summary.d_context = d_context;
+  summary.num_heads = num_heads;
+  summary.head_dim = head_dim;
+  return summary;
+}
+
+std::vector<ModelSummary> TwoModels() {
+  return {Summary("enc", "torch_mha", "f32", /*d_model=*/768, /*d_context=*/768,
+                  /*num_heads=*/12, /*head_dim=*/64),
+          Summary("dec", "fused_qkv", "bf16", /*d_model=*/256, /*d_context=*/512,
+                  /*num_heads=*/4, /*head_dim=*/64)};
 }
 
 // Metrics for the two models, each added and described as the server does at start-up.
 std::unique_ptr<Metrics> TwoModelMetrics() {
   std::unique_ptr<Metrics> metrics = Metrics::Create();
-  for (const ModelLabels& labels : TwoModels()) {
+  for (const ModelSummary& labels : TwoModels()) {
     metrics->AddModel(labels.name);
     metrics->SetModelInfo(labels);
   }

@@ -3,7 +3,7 @@
 #include "server/options.h"
 
 #include "gtest/gtest.h"
-#include "server/grpc_status.h"
+#include "server/frontends/grpc_status.h"
 
 namespace attnserve::server {
 namespace {

@@ -2,7 +2,7 @@
 // target, the delay window, splitting back per call, dead calls leaving at once, the drain
 // deadline and fair turns between models. No gRPC: jobs are plain objects the test owns.
 
-#include "server/scheduler.h"
+#include "server/serving/scheduler.h"
 
 #include <chrono>
 #include <cmath>
@@ -15,7 +15,7 @@
 
 #include "core/weights.h"
 #include "gtest/gtest.h"
-#include "server/compute_executor.h"
+#include "server/serving/compute_executor.h"
 
 namespace attnserve::server::testing {
 namespace {

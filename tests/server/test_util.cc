@@ -25,7 +25,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
-#include "server/logging.h"
+#include "server/observability/log_setup.h"
 
 extern char** environ;
 

@@ -1,0 +1,36 @@
+#include "server/frontends/oip/infer_call.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/frontends/tensor_codec.h"
+
+namespace attnserve::server {
+absl::StatusOr<absl::string_view> InferCall::RequestedModel() {
+  using inference::ModelInferRequest;
+  if (!ScanStringFields(&request_bytes_,
+                        {{ModelInferRequest::kModelNameFieldNumber, &model_},
+                         {ModelInferRequest::kModelVersionFieldNumber, &version_}})) {
+    return Malformed();
+  }
+  if (!version_.empty() && version_ != kInferModelVersion) {
+    return absl::NotFoundError(absl::StrCat("model version '", version_.substr(0, 64),
+                                            "' is not served; every model is version ",
+                                            kInferModelVersion));
+  }
+  return absl::string_view(model_);
+}
+
+absl::Status InferCall::Decode() {
+  if (!Parse()) return Malformed();
+  return DecodeInferRequest(*request_, &decoded_);
+}
+
+int64_t InferCall::ReplyBytes(const core::ForwardShapes& shapes) const {
+  // The id and names come back too; the tensors are ForwardResponse's.
+  return ForwardReplyBytes(shapes) + static_cast<int64_t>(request_->id().size() + model_.size());
+}
+
+absl::StatusOr<ForwardBuffers> InferCall::Buffers(const core::ForwardShapes& shapes) {
+  return PrepareInferResponse(*request_, &decoded_, shapes, NewResponse());
+}
+
+}  // namespace attnserve::server

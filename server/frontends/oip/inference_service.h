@@ -1,0 +1,55 @@
+#pragma once
+
+#include "inference/grpc_service.grpc.pb.h"
+#include "server/serving/admission.h"
+
+namespace attnserve::server {
+
+// The Open Inference Protocol (KServe v2, inference.GRPCInferenceService) on gRPC's callback
+// API, beside attnserve.v1 on the same port, every method raw (we parse the bytes, so a body that
+// is not the method's message gets INVALID_ARGUMENT with a message). ModelInfer's bytes go to an
+// InferCall, which admission decodes only once the call may be served, exactly as Forward's; the
+// liveness, readiness and metadata methods are answered at once. The methods convert and
+// delegate.
+class InferenceService final
+    : public inference::GRPCInferenceService::WithRawCallbackMethod_ServerLive<
+          inference::GRPCInferenceService::WithRawCallbackMethod_ServerReady<
+              inference::GRPCInferenceService::WithRawCallbackMethod_ModelReady<
+                  inference::GRPCInferenceService::WithRawCallbackMethod_ServerMetadata<
+                      inference::GRPCInferenceService::WithRawCallbackMethod_ModelMetadata<
+                          inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+                              inference::GRPCInferenceService::Service>>>>>> {
+ public:
+  // `admission` outlives the service.
+  explicit InferenceService(Admission* admission) : admission_(admission) {}
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+
+ private:
+  // The model `name` (and `version`) names, or NotFound.
+  absl::StatusOr<ServedModel*> FindModel(const std::string& name, const std::string& version) const;
+
+  Admission* const admission_;
+};
+
+// The tensor contract of `model` as ModelMetadata states it: -1 for dimensions of any size.
+inference::ModelMetadataResponse DescribeInferModel(const ModelSummary& model);
+
+}  // namespace attnserve::server

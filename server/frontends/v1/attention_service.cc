@@ -1,0 +1,46 @@
+#include "server/frontends/v1/attention_service.h"
+
+#include <string>
+
+#include "server/frontends/v1/forward_call.h"
+#include "server/frontends/v1/forward_codec.h"
+#include "server/frontends/raw_call.h"
+
+namespace attnserve::server {
+
+grpc::ServerUnaryReactor* AttentionService::Forward(grpc::CallbackServerContext* context,
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return AdmitRawCall<ForwardCall>(admission_, context, request, response);
+}
+
+grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return AnswerRawUnary<v1::ListModelsRequest, v1::ListModelsResponse>(
+      context, request, response,
+      [this](const v1::ListModelsRequest&, v1::ListModelsResponse* models) {
+        for (const auto& model : admission_->registry().models()) {
+          *models->add_models() = DescribeModel(model->summary);
+        }
+        return absl::OkStatus();
+      });
+}
+
+v1::ModelInfo DescribeModel(const ModelSummary& model) {
+  v1::ModelInfo info;
+  info.set_name(model.name);
+  info.set_d_model(static_cast<int32_t>(model.d_model));
+  info.set_d_context(static_cast<int32_t>(model.d_context));
+  info.set_num_heads(static_cast<int32_t>(model.num_heads));
+  info.set_head_dim(static_cast<int32_t>(model.head_dim));
+  info.set_layout(model.layout);
+  info.set_has_bias(model.has_bias);
+  info.set_has_output_projection(model.has_output_projection);
+  info.set_precision(model.precision);
+  for (core::AttentionKind kind : model.kinds) info.add_kinds(KindToProto(kind));
+  info.set_source(model.source);
+  return info;
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,128 @@
+#pragma once
+
+// The server's Prometheus metrics (README.md, "Metrics"), behind one small interface so that
+// nothing else includes prometheus-cpp. Handles are made once at start-up; recording a call is
+// a few atomic operations and never allocates, except the first time a (kind, code) pair
+// appears for a model.
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/layer_spec.h"
+#include "server/observability/model_summary.h"
+
+namespace prometheus {
+class Collectable;
+class Counter;
+class Exposer;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace attnserve::server {
+
+class Metrics;
+
+// One served model's series. A call for a model the server does not have is recorded on the
+// handle whose model label is "" (Metrics::ForModel), so clients cannot create series.
+class ModelMetrics {
+ public:
+  ModelMetrics(const ModelMetrics&) = delete;
+  ModelMetrics& operator=(const ModelMetrics&) = delete;
+
+  // The model's queue now holds `calls` calls (attnserve_queue_depth).
+  void SetQueueDepth(int calls);
+
+  // A call waited `seconds` from arrival to the start of its compute run.
+  void QueueWait(double seconds);
+
+  // One compute run held `calls` calls with `tokens` tokens (input + context) and took
+  // `seconds`.
+  void ComputeRun(int calls, int64_t tokens, double seconds);
+
+ private:
+  friend class Metrics;
+  static constexpr int kKinds = 5;   // core::AttentionKind's four, then "" (not known)
+  static constexpr int kCodes = 17;  // gRPC's status codes, OK (0) to UNAUTHENTICATED (16)
+
+  ModelMetrics(Metrics* metrics, std::string name);
+
+  const std::string name_;  // the label value: a served model's name, or ""
+  // Null when metrics are off, and for the "" handle: the methods above then do nothing.
+  prometheus::Gauge* queue_depth_ = nullptr;
+  prometheus::Histogram* queue_duration_ = nullptr;
+  prometheus::Histogram* compute_duration_ = nullptr;
+  prometheus::Histogram* batch_calls_ = nullptr;
+  prometheus::Histogram* batch_tokens_ = nullptr;
+  // Made on first use, so the exposition lists only the kinds and codes that happened.
+  std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kKinds> requests_{};
+  std::array<std::atomic<prometheus::Counter*>, kKinds> tokens_{};
+  std::array<std::atomic<prometheus::Histogram*>, kKinds> request_duration_{};
+};
+
+// Every metric of one server, and the HTTP endpoint Prometheus scrapes.
+class Metrics {
+ public:
+  // Metrics that record nothing and serve nothing (--metrics-listen off): every call returns
+  // at once, so the serving path can call them unconditionally.
+  static std::unique_ptr<Metrics> Disabled();
+
+  // Metrics that record, with no model yet and not yet served over HTTP.
+  static std::unique_ptr<Metrics> Create();
+
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Serves GET /metrics (Prometheus text format) on `listen` (HOST:PORT or [V6HOST]:PORT; port
+  // 0 picks one). Returns the bound port, or Unavailable when it cannot bind.
+  absl::StatusOr<int> Serve(const std::string& listen);
+
+  // Series for a served model, made once at start-up (before calls arrive); its handle.
+  ModelMetrics& AddModel(const std::string& name);
+
+  // Sets attnserve_model_info for a model (once it is loaded and its shapes are known).
+  void SetModelInfo(const ModelSummary& model);
+
+  // The handle of the served model named `name`, or the one labelled "" for any other name.
+  ModelMetrics& ForModel(absl::string_view name);
+
+  // A Forward call arrived: attnserve_inflight_requests goes up until CallAnswered.
+  void CallArrived();
+
+  // A Forward call was answered with `code` after `seconds` from arrival. `kind` is empty when
+  // the call was refused before its kind was known; `tokens` counts (for OK calls) the valid
+  // query tokens.
+  void CallAnswered(ModelMetrics& model, std::optional<core::AttentionKind> kind,
+                    absl::StatusCode code, int64_t tokens, double seconds);
+
+  // Bucket bounds (seconds) of the duration histograms: 50 µs to 60 s, 1-2.5-5 per decade.
+  static const std::vector<double>& DurationBuckets();
+
+ private:
+  friend class ModelMetrics;
+  struct Families;
+
+  explicit Metrics(bool enabled);
+
+  const bool enabled_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> process_;  // process_* figures
+  std::unique_ptr<Families> families_;
+  std::vector<std::unique_ptr<ModelMetrics>> models_;  // served models
+  std::unique_ptr<ModelMetrics> unknown_;              // the "" one
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace attnserve::server

@@ -1,0 +1,42 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "server/serving/call_reporter.h"
+#include "server/serving/job.h"
+#include "server/serving/model_registry.h"
+
+namespace attnserve::server {
+
+// The one way into compute, for every frontend. It decides, in this order, each in one place:
+// shutting down? which model? room in its queue? deadline already passed? — all before the
+// call's tensors are decoded, so refusals cost next to nothing — then decode (the frontend's
+// codec), validate once against the layer (shapes, lengths, kind, finiteness), check the reply
+// fits the message limit, and queue. Every job handed in is answered exactly once: here when
+// refused, by the scheduler otherwise.
+class Admission {
+ public:
+  // `registry` and `reporter` outlive this; replies over `max_reply_bytes` are refused.
+  Admission(ModelRegistry* registry, CallReporter* reporter, int64_t max_reply_bytes);
+
+  // Takes `job` from a frontend. Never throws and never blocks on compute.
+  void Admit(Job* job);
+
+  // From now on calls are answered Unavailable (shutdown has begun).
+  void StopAccepting() { accepting_.store(false); }
+  bool accepting() const { return accepting_.load(); }
+
+  ModelRegistry& registry() const { return *registry_; }
+
+ private:
+  // Decode, validate, size check and submit for a call holding a queue place in `model`.
+  absl::Status Queue(Job* job, ServedModel& model);
+
+  ModelRegistry* const registry_;
+  CallReporter* const reporter_;
+  const int64_t max_reply_bytes_;
+  std::atomic<bool> accepting_{true};
+};
+
+}  // namespace attnserve::server

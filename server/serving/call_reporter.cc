@@ -1,0 +1,67 @@
+#include "server/serving/call_reporter.h"
+
+#include <optional>
+#include <string>
+
+#include "core/layer_spec.h"
+#include "server/observability/logging.h"
+
+namespace attnserve::server {
+namespace {
+
+// What the operator must look at (overload, server faults) is a warning; a caller's mistake or
+// a caller leaving is information.
+LogLevel FailureLevel(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kUnimplemented:
+      return LogLevel::kWarn;
+    default:
+      return LogLevel::kInfo;
+  }
+}
+
+}  // namespace
+
+CallReporter::CallReporter(Metrics* metrics)
+    : disabled_(metrics == nullptr ? Metrics::Disabled() : nullptr),
+      metrics_(metrics != nullptr ? metrics : disabled_.get()) {}
+
+void CallReporter::Answer(Job& job, absl::string_view model, bool decoded,
+                          const absl::Status& status, const RunInfo& run) {
+  const double seconds = SecondsSince(job.arrival());
+  const std::optional<core::AttentionKind> kind =
+      decoded ? std::optional(job.args().kind) : std::nullopt;
+  ModelMetrics& model_metrics = metrics_->ForModel(model);
+  metrics_->CallAnswered(model_metrics, kind, status.code(),
+                         status.ok() ? job.args().input.total_length() : 0, seconds);
+  if (run.batch_calls > 0) model_metrics.QueueWait(run.queue_seconds);
+  if (status.ok()) {
+    if (LogEnabled(LogLevel::kDebug)) {
+      const core::ForwardArgs& args = job.args();
+      Log(LogLevel::kDebug, "forward",
+          {{"model", std::string(model)},
+           {"kind", std::string(core::KindName(args.kind))},
+           {"batch", args.input.batch()},
+           {"tokens", args.input.total_length()},
+           {"merged", run.batch_calls},
+           {"queue_ms", run.queue_seconds * 1e3},
+           {"compute_ms", run.compute_seconds * 1e3},
+           {"ms", seconds * 1e3}});
+    }
+  } else if (LogEnabled(LogLevel::kDebug) || LogEnabled(FailureLevel(status.code()))) {
+    const std::string code = absl::StatusCodeToString(status.code());
+    failures_.Add(FailureLevel(status.code()), code, "forward failed",
+                  {{"model", std::string(model)},
+                   {"kind", kind ? std::string(core::KindName(*kind)) : std::string()},
+                   {"code", code},
+                   {"error", std::string(status.message())},
+                   {"ms", seconds * 1e3}});
+  }
+  job.Finish(status);
+}
+
+}  // namespace attnserve::server

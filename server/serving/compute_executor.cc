@@ -1,0 +1,78 @@
+#include "server/serving/compute_executor.h"
+
+#include <algorithm>
+
+#include "core/runtime_info.h"
+
+namespace attnserve::server {
+
+ComputeExecutor::ComputeExecutor(int compute_threads)
+    : compute_threads_(compute_threads), thread_([this] { Loop(); }) {}
+
+ComputeExecutor::~ComputeExecutor() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ComputeExecutor::Add(RunQueue* queue) {
+  std::lock_guard lock(mu_);
+  queues_.push_back(queue);
+}
+
+void ComputeExecutor::Remove(RunQueue* queue) {
+  std::unique_lock lock(mu_);
+  idle_cv_.wait(lock, [&] { return running_ != queue; });
+  queues_.erase(std::remove(queues_.begin(), queues_.end(), queue),
+                    queues_.end());
+  next_ = 0;
+}
+
+void ComputeExecutor::Notify() {
+  {
+    std::lock_guard lock(mu_);
+    changed_ = true;
+  }
+  cv_.notify_one();
+}
+
+void ComputeExecutor::Loop() {
+  // OpenMP keeps its thread count per thread: set it on the thread that computes.
+  core::SetComputeThreads(compute_threads_);
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    changed_ = false;
+    // Whose turn: the first model, from next_ on, with a run ready; else when one will be.
+    const Clock::time_point now = Clock::now();
+    Clock::time_point wake = Clock::time_point::max();
+    const size_t count = queues_.size();
+    for (size_t i = 0; i < count && running_ == nullptr; ++i) {
+      RunQueue* queue = queues_[(next_ + i) % count];
+      const Clock::time_point ready = queue->ReadyAt(now);
+      if (ready <= now) {
+        running_ = queue;
+        next_ = (next_ + i + 1) % count;
+      } else {
+        wake = std::min(wake, ready);
+      }
+    }
+    if (RunQueue* chosen = running_; chosen != nullptr) {
+      lock.unlock();
+      chosen->RunNext(now);
+      lock.lock();
+      running_ = nullptr;
+      idle_cv_.notify_all();
+      continue;
+    }
+    if (wake == Clock::time_point::max()) {
+      cv_.wait(lock, [this] { return changed_ || stop_; });
+    } else {
+      cv_.wait_until(lock, wake, [this] { return changed_ || stop_; });
+    }
+  }
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "server/serving/clock.h"
+
+namespace attnserve::server {
+
+// What the executor gives turns to: one model's queue of work (its Scheduler).
+class RunQueue {
+ public:
+  virtual ~RunQueue() = default;
+
+  // When this queue next has a run ready: a time <= now when it has one, later while it waits
+  // (a delay window, a deadline to answer), max() when it has nothing.
+  virtual Clock::time_point ReadyAt(Clock::time_point now) const = 0;
+
+  // Takes and runs the next run (possibly none) on the calling (executor) thread.
+  virtual void RunNext(Clock::time_point now) = 0;
+};
+
+// The one thread that computes, for every model: Layer::Forward uses every core (oneDNN and the
+// attention kernel through OpenMP), so two runs at once would only fight over them. Models take
+// turns: after a run of one model, the next model with a run ready goes first. The thread sleeps
+// while nothing is ready (no polling), waking when a call is queued or a delay window closes.
+class ComputeExecutor {
+ public:
+  // `compute_threads`: OpenMP threads per run (0: OpenMP's default, every core).
+  explicit ComputeExecutor(int compute_threads);
+  // Stops the thread; every queue must have been removed (drained) first.
+  ~ComputeExecutor();
+
+  ComputeExecutor(const ComputeExecutor&) = delete;
+  ComputeExecutor& operator=(const ComputeExecutor&) = delete;
+
+  // Queues join and leave the rotation (they do so themselves when made and destroyed).
+  void Add(RunQueue* queue);
+  void Remove(RunQueue* queue);
+
+  // A queue changed (a call queued, taken back, or the queue closed).
+  void Notify();
+
+ private:
+  void Loop();
+
+  const int compute_threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<RunQueue*> queues_;  // guarded by mu_
+  size_t next_ = 0;                     // guarded by mu_: who goes first next time
+  bool changed_ = false;                // guarded by mu_
+  bool stop_ = false;                   // guarded by mu_
+  RunQueue* running_ = nullptr;        // guarded by mu_: Remove waits while it runs
+  std::condition_variable idle_cv_;
+  std::thread thread_;
+};
+
+}  // namespace attnserve::server

@@ -1,0 +1,118 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/layer.h"
+#include "server/serving/call_reporter.h"
+#include "server/serving/compute_executor.h"
+#include "server/serving/job.h"
+
+namespace attnserve::server {
+
+// How a model's queue admits and batches.
+struct SchedulerOptions {
+  int max_queue = 128;              // calls queued (or being decoded) before ResourceExhausted
+  int64_t max_batch_tokens = 4096;  // tokens (input + context) a merged run aims at; 0: no merging
+  // How long the oldest queued call may wait for others to merge with before its run starts,
+  // unless max_batch_tokens are queued sooner (Triton's max_queue_delay_microseconds); 0: runs
+  // start as soon as the executor is free, merging only the calls already waiting.
+  std::chrono::microseconds max_queue_delay{0};
+};
+
+// One model's queue and batching policy. It holds only live calls: a call whose caller leaves is
+// answered and removed at once. When the compute executor gives this model its turn, the queued
+// calls that ask for the same kind and no attention are merged into one packed ragged batch (one
+// set of larger matmuls instead of many small ones), read in place from each call's request.
+class Scheduler final : public RunQueue {
+ public:
+  // `executor` and `reporter` outlive the scheduler; the scheduler registers with the executor.
+  Scheduler(std::string model_name, std::shared_ptr<const core::Layer> layer,
+            SchedulerOptions options, ComputeExecutor* executor, CallReporter* reporter);
+  // Drains (answers every queued call) and leaves the executor.
+  ~Scheduler();
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  const std::string& model_name() const { return model_name_; }
+
+  // Holds a queue place for a call about to be decoded, so a full queue is found before any
+  // work is spent on the call: Unavailable once closed, ResourceExhausted when full. The place
+  // is used by Submit or given back by Release.
+  absl::Status Reserve();
+  void Release();
+
+  // Queues `job`, which holds a place from Reserve and has been decoded and validated. Never
+  // blocks on compute.
+  void Submit(Job* job);
+
+  // Answers `job` (Cancelled or DeadlineExceeded) and frees its place, if it is still queued;
+  // does nothing otherwise (it is running or answered).
+  void Cancel(Job* job);
+
+  // Refuses new calls from now on; calls still queued after `deadline` are answered Unavailable
+  // instead of computed. Returns at once: Join waits.
+  void Close(Clock::time_point deadline = Clock::time_point::max());
+
+  // Waits until every queued and running call is answered (after Close).
+  void Join();
+
+  // Close and Join.
+  void Drain(Clock::time_point deadline = Clock::time_point::max()) {
+    Close(deadline);
+    Join();
+  }
+
+  // Calls queued or running.
+  int pending() const;
+
+  // The executor's side. When this model next has a run ready: a time <= now when it has one,
+  // later while the delay window is open, max() when nothing is queued.
+  Clock::time_point ReadyAt(Clock::time_point now) const override;
+
+  // Takes the calls of the next run (possibly none), answering dead ones on the way, and runs
+  // them: Layer::Forward on the calling (executor) thread, then every call is answered.
+  void RunNext(Clock::time_point now) override;
+
+ private:
+  struct Queued {
+    Job* job;
+    int64_t tokens;
+  };
+
+  // When the queued calls' run may start (the delay window); the queue is not empty.
+  Clock::time_point RunStartLocked(Clock::time_point now) const;
+  std::vector<Job*> TakeLocked(Clock::time_point now, std::vector<Job*>* dead,
+                               std::vector<Job*>* expired);
+  void Run(const std::vector<Job*>& jobs);
+  void RunOne(Job* job, RunInfo run);
+  void RunMerged(const std::vector<Job*>& jobs, RunInfo run);
+  void Answer(Job* job, const absl::Status& status, const RunInfo& run = {});
+  void Finished(int count);
+
+  const std::string model_name_;
+  const std::shared_ptr<const core::Layer> layer_;
+  const SchedulerOptions options_;
+  ComputeExecutor* const executor_;
+  CallReporter* const reporter_;
+  ModelMetrics& metrics_;  // this model's queue depth, waits and compute runs
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;  // pending_ reached 0
+  std::deque<Queued> queue_;         // guarded by mu_
+  int64_t queued_tokens_ = 0;        // guarded by mu_
+  int reserved_ = 0;                 // guarded by mu_: places held by calls being decoded
+  int running_ = 0;                  // guarded by mu_
+  bool closed_ = false;              // guarded by mu_
+  Clock::time_point drain_deadline_ = Clock::time_point::max();  // guarded by mu_
+};
+
+}  // namespace attnserve::server
