@@ -31,7 +31,7 @@ inline constexpr char kTokenEnvironmentVariable[] = "ATTNSERVE_TOKEN";
 // environment when --token is not given.
 absl::Status ResolveSecurityFlags(ConnectionFlags* flags);
 
-// Flags that describe one Forward call (infer sends it once, bench many times).
+// Flags that describe one Forward call (`infer` sends it once, `bench` many times).
 struct CallFlags {
   std::string model;
   std::string kind = "bidirectional";
@@ -48,12 +48,12 @@ struct CallFlags {
 
 // A call ready to send, and how to give its output back the input file's shape.
 struct PreparedCall {
-  ForwardCall call;
+  ForwardRequestSpec call;
   int64_t unpack_to = -1;  // packed by us from [B, S, d]: unpack the output to S rows; -1: no
 };
 
 // Flags of `infer`.
-struct InferFlags {
+struct ForwardFlags {
   CallFlags call;
   bool return_attention = false;
   std::string output;            // .npy path for the output; empty: print a summary
@@ -61,7 +61,7 @@ struct InferFlags {
 };
 
 // Flags of `bench` (README "Load test" describes them).
-struct BenchFlags {
+struct LoadFlags {
   CallFlags call;
   int connections = 1;
   int concurrency = 4;  // closed loop
@@ -102,8 +102,9 @@ std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
 // Uniform values in [-1, 1) from a fixed seed, so two runs send the same data.
 FloatArray RandomArray(std::vector<int64_t> shape, uint64_t seed);
 
-// `infer`: one call, output to a .npy file or printed.
-absl::Status RunInfer(const ConnectionFlags& connection, const InferFlags& flags);
+// `infer` (a v1 Forward call, not the Open Inference Protocol's): one call, output to a .npy
+// file or printed.
+absl::Status RunForwardCommand(const ConnectionFlags& connection, const ForwardFlags& flags);
 
 // `models`: the loaded models as a table (or JSON).
 absl::Status RunModels(const ConnectionFlags& connection, bool json);
@@ -112,6 +113,6 @@ absl::Status RunModels(const ConnectionFlags& connection, bool json);
 absl::Status RunHealth(const ConnectionFlags& connection, const std::string& service);
 
 // `bench`: the load test.
-absl::Status RunBenchCommand(const ConnectionFlags& connection, const BenchFlags& flags);
+absl::Status RunLoadCommand(const ConnectionFlags& connection, const LoadFlags& flags);
 
 }  // namespace attnserve::client

@@ -78,7 +78,7 @@ absl::Status LoadSideInto(const SideFlags& side, int64_t width, uint64_t seed, F
 
 // Fills the call's input and, for the cross kinds, its context, from files or at random.
 absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, bool cross,
-                        ForwardCall& call) {
+                        ForwardRequestSpec& call) {
   const SideFlags input{"input", flags.input, flags.random, flags.lengths};
   const SideFlags context{"context", flags.context, flags.context_random, flags.context_lengths};
   if (absl::Status s = CheckSources(input, true); !s.ok()) return s;
@@ -146,7 +146,7 @@ std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
 
 absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags) {
   PreparedCall prepared;
-  ForwardCall& call = prepared.call;
+  ForwardRequestSpec& call = prepared.call;
   absl::StatusOr<v1::AttentionKind> kind = ParseKind(flags.kind);
   if (!kind.ok()) return kind.status();
   absl::StatusOr<Encoding> encoding = ParseEncoding(flags.encoding);

@@ -60,7 +60,7 @@ const char kRetryServiceConfig[] = R"json({
   }]
 })json";
 
-absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardCall& call) {
+absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardRequestSpec& call) {
   v1::ForwardRequest request;
   request.set_model(call.model);
   request.set_kind(call.kind);
@@ -145,7 +145,7 @@ void AttentionClient::SendAsync(grpc::ClientContext* context, const v1::ForwardR
   stub_->async()->Forward(context, request, response, std::move(done));
 }
 
-absl::StatusOr<ForwardResult> AttentionClient::Forward(const ForwardCall& call) const {
+absl::StatusOr<ForwardResult> AttentionClient::Forward(const ForwardRequestSpec& call) const {
   absl::StatusOr<v1::ForwardRequest> request = BuildRequest(call);
   if (!request.ok()) return request.status();
   absl::StatusOr<v1::ForwardResponse> response = Send(*request);

@@ -43,8 +43,9 @@ struct ClientOptions {
 // JSON to Python, Node and Go callers.
 extern const char kRetryServiceConfig[];
 
-// One Forward call in client terms: arrays instead of wire tensors.
-struct ForwardCall {
+// What one Forward call sends, in client terms (arrays instead of wire tensors): BuildRequest
+// makes the v1::ForwardRequest of it.
+struct ForwardRequestSpec {
   std::string model;  // empty: the server's only model
   v1::AttentionKind kind = v1::ATTENTION_KIND_BIDIRECTIONAL;
   FloatArray input;  // [B, S, d_model] padded or [T, d_model] packed
@@ -62,7 +63,7 @@ struct ForwardResult {
 };
 
 // Builds the wire request of a call (also used by the load test, which sends it many times).
-absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardCall& call);
+absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardRequestSpec& call);
 
 // A connection to one attnserve server. Thread-safe: every method may run concurrently.
 class AttentionClient {
@@ -79,7 +80,7 @@ class AttentionClient {
   AttentionClient(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
 
   // Runs one attention call; server errors come back with their gRPC code.
-  absl::StatusOr<ForwardResult> Forward(const ForwardCall& call) const;
+  absl::StatusOr<ForwardResult> Forward(const ForwardRequestSpec& call) const;
 
   // Sends a prepared request as is: the load test's hot path, which skips re-encoding.
   absl::StatusOr<v1::ForwardResponse> Send(const v1::ForwardRequest& request) const;

@@ -8,17 +8,17 @@
 
 namespace {
 
-using attnserve::client::BenchFlags;
 using attnserve::client::CallFlags;
 using attnserve::client::ConnectionFlags;
-using attnserve::client::InferFlags;
+using attnserve::client::ForwardFlags;
+using attnserve::client::LoadFlags;
 using attnserve::client::ResolveSecurityFlags;
-using attnserve::client::RunBenchCommand;
+using attnserve::client::RunForwardCommand;
 using attnserve::client::RunHealth;
-using attnserve::client::RunInfer;
+using attnserve::client::RunLoadCommand;
 using attnserve::client::RunModels;
 
-// The flags that describe one Forward call, shared by infer and bench.
+// The flags that describe one Forward call, shared by `infer` and `bench`.
 void AddCallFlags(CLI::App* command, CallFlags& f) {
   command->add_option("--model", f.model, "Model name (default: the server's only model)");
   command->add_option("--kind", f.kind, "Attention kind")
@@ -37,72 +37,71 @@ void AddCallFlags(CLI::App* command, CallFlags& f) {
   command->add_option("--seed", f.seed, "Seed of the random arrays")->capture_default_str();
 }
 
-void AddInfer(CLI::App& app, InferFlags& f) {
-  CLI::App* infer = app.add_subcommand("infer", "Run one Forward call");
-  AddCallFlags(infer, f.call);
-  infer->add_flag("--return-attention", f.return_attention, "Also return the probabilities");
-  infer->add_option("--output", f.output, "Write the output to this .npy (default: print it)");
-  infer->add_option("--attention-output", f.attention_output,
-                    "Write the probabilities [B,H,S,S_kv] to this .npy");
+// `infer`, the user-facing name of one v1 Forward call (a contract: scripts and docs use it).
+void AddForwardCommand(CLI::App& app, ForwardFlags& f) {
+  CLI::App* forward = app.add_subcommand("infer", "Run one Forward call");
+  AddCallFlags(forward, f.call);
+  forward->add_flag("--return-attention", f.return_attention, "Also return the probabilities");
+  forward->add_option("--output", f.output, "Write the output to this .npy (default: print it)");
+  forward->add_option("--attention-output", f.attention_output,
+                      "Write the probabilities [B,H,S,S_kv] to this .npy");
 }
 
-void AddBench(CLI::App& app, BenchFlags& f) {
-  CLI::App* bench = app.add_subcommand(
+// `bench`, the user-facing name of the load test (a contract: scripts and docs use it).
+void AddLoadCommand(CLI::App& app, LoadFlags& f) {
+  CLI::App* load = app.add_subcommand(
       "bench", "Load-test: closed or open loop, sweeps, mixed workloads, JSON/CSV/HTML reports");
-  AddCallFlags(bench, f.call);
-  bench->add_option("--connections", f.connections, "Connections (channels) calls are spread over")
+  AddCallFlags(load, f.call);
+  load->add_option("--connections", f.connections, "Connections (channels) calls are spread over")
       ->capture_default_str();
-  bench->add_option("--concurrency,-c", f.concurrency, "Closed loop: calls in flight")
+  load->add_option("--concurrency,-c", f.concurrency, "Closed loop: calls in flight")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str()
       ->each([&f](const std::string&) { f.concurrency_given = true; });
-  bench->add_option("--rate", f.rate, "Open loop: calls per second, sent on schedule")
+  load->add_option("--rate", f.rate, "Open loop: calls per second, sent on schedule")
       ->each([&f](const std::string&) { f.rate_given = true; });
-  bench->add_option("--arrival", f.arrival, "Open loop: gaps between calls")
+  load->add_option("--arrival", f.arrival, "Open loop: gaps between calls")
       ->check(CLI::IsMember({"constant", "poisson"}))
       ->capture_default_str()
       ->each([&f](const std::string&) { f.arrival_given = true; });
-  bench
-      ->add_option("--max-in-flight", f.max_in_flight,
+  load->add_option("--max-in-flight", f.max_in_flight,
                    "Open loop: calls in flight at most; calls due past it are late or unsent")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
-  bench->add_option("--concurrency-range", f.concurrency_range,
-                    "Sweep: START:END[:STEP], STEP +N (default 1) or xF");
-  bench->add_option("--rate-range", f.rate_range,
-                    "Sweep: START:END[:STEP] calls/s, STEP +N or xF (default x2)");
-  bench
-      ->add_option("--duration", f.duration_seconds,
+  load->add_option("--concurrency-range", f.concurrency_range,
+                   "Sweep: START:END[:STEP], STEP +N (default 1) or xF");
+  load->add_option("--rate-range", f.rate_range,
+                   "Sweep: START:END[:STEP] calls/s, STEP +N or xF (default x2)");
+  load->add_option("--duration", f.duration_seconds,
                    "Seconds of each step's window (0: until --requests)")
       ->capture_default_str();
-  bench->add_option("--warmup-seconds", f.warmup_seconds, "Load before each window, not counted")
+  load->add_option("--warmup-seconds", f.warmup_seconds, "Load before each window, not counted")
       ->capture_default_str();
-  bench->add_option("--requests,-n", f.requests, "Calls per window at most (0: no limit)")
+  load->add_option("--requests,-n", f.requests, "Calls per window at most (0: no limit)")
       ->check(CLI::NonNegativeNumber);
-  bench->add_option("--warmup", f.warmup, "Calls sent one by one first, which must succeed")
+  load->add_option("--warmup", f.warmup, "Calls sent one by one first, which must succeed")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  bench->add_option("--stability-percent", f.stability_percent,
-                    "Repeat each window until 3 agree within this % (0: one window)");
-  bench->add_option("--max-trials", f.max_trials, "Windows per step at most with a stability check")
+  load->add_option("--stability-percent", f.stability_percent,
+                   "Repeat each window until 3 agree within this % (0: one window)");
+  load->add_option("--max-trials", f.max_trials, "Windows per step at most with a stability check")
       ->check(CLI::Range(3, 1000))
       ->capture_default_str();
-  bench->add_option("--latency-limit-ms", f.latency_limit_ms,
-                    "Sweep: stop after the first step whose p99 passes this");
-  bench->add_option("--lengths-uniform", f.lengths_uniform,
-                    "Mix: each sequence's valid length uniform in MIN:MAX");
-  bench->add_option("--lengths-list", f.lengths_list,
-                    "Mix: lengths drawn from a list, e.g. 16,64,256");
-  bench->add_option("--kinds", f.kinds, "Mix: kinds taken in turn, e.g. bidirectional,causal");
-  bench->add_option("--workload", f.workload,
-                    "Mix: JSON-lines file, one request a line: {\"kind\",\"lengths\",...}");
-  bench->add_option("--pool", f.pool, "Mix: distinct requests made up front")
-      ->capture_default_str();
-  bench->add_flag("--json", f.json, "Print the report as JSON");
-  bench->add_flag("--csv", f.csv, "Print the report as CSV, a row per step");
-  bench->add_option("--html", f.html, "Also write a self-contained HTML report with charts");
-  bench->add_option("--metrics-url", f.metrics_url,
-                    "attnserve's http://HOST:PORT/metrics: the server's queue/compute split");
+  load->add_option("--latency-limit-ms", f.latency_limit_ms,
+                   "Sweep: stop after the first step whose p99 passes this");
+  load->add_option("--lengths-uniform", f.lengths_uniform,
+                   "Mix: each sequence's valid length uniform in MIN:MAX");
+  load->add_option("--lengths-list", f.lengths_list,
+                   "Mix: lengths drawn from a list, e.g. 16,64,256");
+  load->add_option("--kinds", f.kinds, "Mix: kinds taken in turn, e.g. bidirectional,causal");
+  load->add_option("--workload", f.workload,
+                   "Mix: JSON-lines file, one request a line: {\"kind\",\"lengths\",...}");
+  load->add_option("--pool", f.pool, "Mix: distinct requests made up front")->capture_default_str();
+  load->add_flag("--json", f.json, "Print the report as JSON");
+  load->add_flag("--csv", f.csv, "Print the report as CSV, a row per step");
+  load->add_option("--html", f.html, "Also write a self-contained HTML report with charts");
+  load->add_option("--metrics-url", f.metrics_url,
+                   "attnserve's http://HOST:PORT/metrics: the server's queue/compute split");
 }
 
 }  // namespace
@@ -133,10 +132,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-retry", connection.no_retry,
                "Do not retry Forward and ListModels on UNAVAILABLE (by default: up to 5 attempts, "
                "backoff 0.1 s doubling to 1 s, e.g. on another replica when one dies)");
-  InferFlags infer;
-  AddInfer(app, infer);
-  BenchFlags bench;
-  AddBench(app, bench);
+  ForwardFlags forward;
+  AddForwardCommand(app, forward);
+  LoadFlags load;
+  AddLoadCommand(app, load);
   bool models_json = false;
   app.add_subcommand("models", "List the loaded models")
       ->add_flag("--json", models_json, "Print JSON instead of a table");
@@ -147,8 +146,8 @@ int main(int argc, char** argv) {
 
   absl::Status status = ResolveSecurityFlags(&connection);
   if (status.ok()) {
-    if (app.got_subcommand("infer")) status = RunInfer(connection, infer);
-    if (app.got_subcommand("bench")) status = RunBenchCommand(connection, bench);
+    if (app.got_subcommand("infer")) status = RunForwardCommand(connection, forward);
+    if (app.got_subcommand("bench")) status = RunLoadCommand(connection, load);
     if (app.got_subcommand("models")) status = RunModels(connection, models_json);
     if (app.got_subcommand("health")) status = RunHealth(connection, service);
   }

@@ -7,10 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/bench.h"
-#include "client/bench_report.h"
-#include "client/bench_workload.h"
 #include "client/cli.h"
+#include "client/load_engine.h"
+#include "client/load_report.h"
+#include "client/load_workload.h"
 #include "client/metrics_scrape.h"
 
 namespace attnserve::client {
@@ -23,13 +23,13 @@ constexpr int kMaxConnections = 256;
 // The load of each step: one, or a sweep's values.
 struct Plan {
   std::string sweep;  // "", "concurrency" or "rate"
-  std::vector<BenchOptions> steps;
+  std::vector<LoadOptions> steps;
 };
 
 // Whether the flags ask for an open loop (calls sent on a schedule) rather than a closed one.
-bool OpenLoop(const BenchFlags& f) { return f.rate_given || !f.rate_range.empty(); }
+bool OpenLoop(const LoadFlags& f) { return f.rate_given || !f.rate_range.empty(); }
 
-absl::Status CheckFlags(const BenchFlags& f) {
+absl::Status CheckFlags(const LoadFlags& f) {
   auto seconds_ok = [](double s) { return s >= 0 && s <= kMaxDurationSeconds; };
   if (!seconds_ok(f.duration_seconds) || !seconds_ok(f.warmup_seconds)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -67,8 +67,8 @@ absl::Status CheckFlags(const BenchFlags& f) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Plan> MakePlan(const BenchFlags& f) {
-  BenchOptions base;
+absl::StatusOr<Plan> MakePlan(const LoadFlags& f) {
+  LoadOptions base;
   base.mode = OpenLoop(f) ? LoadMode::kOpen : LoadMode::kClosed;
   base.concurrency = f.concurrency;
   base.rate = f.rate;
@@ -88,7 +88,7 @@ absl::StatusOr<Plan> MakePlan(const BenchFlags& f) {
   absl::StatusOr<std::vector<double>> values = ParseSweep(range, plan.sweep == "concurrency");
   if (!values.ok()) return values.status();
   for (double v : *values) {
-    BenchOptions step = base;
+    LoadOptions step = base;
     if (plan.sweep == "rate") {
       if (v > kMaxRate) {
         return absl::InvalidArgumentError(absl::StrCat("--rate-range goes past ", kMaxRate));
@@ -105,7 +105,7 @@ absl::StatusOr<Plan> MakePlan(const BenchFlags& f) {
 }
 
 // What was sent, in words, for the reports.
-std::string DescribeWorkload(const BenchFlags& f, const std::vector<WorkItem>& work) {
+std::string DescribeWorkload(const LoadFlags& f, const std::vector<WorkItem>& work) {
   int64_t tokens = 0;
   for (const WorkItem& item : work) tokens += item.tokens;
   const double mean = static_cast<double>(tokens) / static_cast<double>(work.size());
@@ -153,13 +153,13 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 }
 
 // Runs the plan's steps in order; a sweep stops after the first step whose p99 passes the limit.
-absl::StatusOr<BenchRun> RunPlan(const LoadEngine& engine, const Plan& plan, const BenchFlags& f) {
-  BenchRun run;
+absl::StatusOr<LoadRun> RunPlan(const LoadEngine& engine, const Plan& plan, const LoadFlags& f) {
+  LoadRun run;
   run.sweep = plan.sweep;
   run.latency_limit_ms = f.latency_limit_ms;
   const bool progress = isatty(STDERR_FILENO) != 0;
   for (size_t i = 0; i < plan.steps.size(); ++i) {
-    BenchOptions options = plan.steps[i];
+    LoadOptions options = plan.steps[i];
     // One scrape as each window opens (kept per trial: a stable step reports its last windows).
     std::vector<std::vector<MetricSample>> scrapes;
     absl::Status scrape_status;
@@ -177,7 +177,7 @@ absl::StatusOr<BenchRun> RunPlan(const LoadEngine& engine, const Plan& plan, con
         RunStableStep(engine, options, f.stability_percent, f.max_trials);
     if (progress) std::cerr << "\r\033[K" << std::flush;
     if (!report.ok()) return report.status();
-    BenchStep step{.report = *std::move(report), .server = std::nullopt};
+    LoadStep step{.report = *std::move(report), .server = std::nullopt};
     if (!f.metrics_url.empty()) {
       absl::StatusOr<std::vector<MetricSample>> after = ScrapeMetrics(f.metrics_url);
       if (!after.ok()) scrape_status = after.status();
@@ -203,7 +203,7 @@ absl::StatusOr<BenchRun> RunPlan(const LoadEngine& engine, const Plan& plan, con
 
 }  // namespace
 
-absl::Status RunBenchCommand(const ConnectionFlags& connection, const BenchFlags& flags) {
+absl::Status RunLoadCommand(const ConnectionFlags& connection, const LoadFlags& flags) {
   if (absl::Status s = CheckFlags(flags); !s.ok()) return s;
   absl::StatusOr<Plan> plan = MakePlan(flags);
   if (!plan.ok()) return plan.status();
@@ -228,7 +228,7 @@ absl::Status RunBenchCommand(const ConnectionFlags& connection, const BenchFlags
   LoadEngine engine(connections, *std::move(work));
   // A failure here (wrong model, bad shape) would fail every timed call too: stop at once.
   if (absl::Status s = engine.Check(std::max(flags.warmup, 0)); !s.ok()) return s;
-  absl::StatusOr<BenchRun> run = RunPlan(engine, *plan, flags);
+  absl::StatusOr<LoadRun> run = RunPlan(engine, *plan, flags);
   if (!run.ok()) return run.status();
   run->target = connection.target;
   run->workload = workload;

@@ -1,4 +1,4 @@
-#include "client/bench.h"
+#include "client/load_engine.h"
 
 #include <sys/prctl.h>
 
@@ -41,7 +41,7 @@ double SecondsBetween(Clock::time_point from, Clock::time_point to) {
 class StepRun {
  public:
   StepRun(const std::vector<const AttentionClient*>& connections, const std::vector<WorkItem>& work,
-          const BenchOptions& options)
+          const LoadOptions& options)
       : connections_(connections), work_(work), options_(options) {}
 
   StepReport Run();
@@ -69,7 +69,7 @@ class StepRun {
 
   const std::vector<const AttentionClient*>& connections_;
   const std::vector<WorkItem>& work_;
-  const BenchOptions& options_;
+  const LoadOptions& options_;
   Clock::time_point start_, window_start_, window_end_;
   std::atomic<uint64_t> next_call_{0};
 
@@ -345,7 +345,7 @@ double StepReport::achieved_rate() const {
 LoadEngine::LoadEngine(std::vector<const AttentionClient*> connections, std::vector<WorkItem> work)
     : connections_(std::move(connections)), work_(std::move(work)) {}
 
-absl::StatusOr<StepReport> LoadEngine::RunStep(const BenchOptions& options) const {
+absl::StatusOr<StepReport> LoadEngine::RunStep(const LoadOptions& options) const {
   if (connections_.empty() || work_.empty()) {
     return absl::InvalidArgumentError("a load test needs a connection and a request");
   }
@@ -397,7 +397,7 @@ void MergeStep(StepReport& into, const StepReport& next) {
   }
 }
 
-absl::StatusOr<StepReport> RunStableStep(const LoadEngine& engine, BenchOptions options,
+absl::StatusOr<StepReport> RunStableStep(const LoadEngine& engine, LoadOptions options,
                                          double percent, int max_trials) {
   if (percent <= 0) return engine.RunStep(options);
   const int limit = std::max<int>(max_trials, kAgreeingTrials);

@@ -1,13 +1,13 @@
 // The load test's arithmetic and formats: the histogram against exact sorted values, sweeps,
 // the Prometheus parser and the server split, and the JSON/CSV shapes.
-#include "client/bench_report.h"
+#include "client/load_report.h"
 
 #include <algorithm>
 #include <random>
 
 #include "absl/strings/str_split.h"
-#include "client/bench.h"
 #include "client/histogram.h"
+#include "client/load_engine.h"
 #include "client/metrics_scrape.h"
 #include "gtest/gtest.h"
 
@@ -135,8 +135,8 @@ StepReport SomeStep(LoadMode mode, int64_t ok) {
   return r;
 }
 
-TEST(BenchReportTest, JsonHasTheContractKeysAndOneEntryPerStep) {
-  BenchRun run;
+TEST(LoadReportTest, JsonHasTheContractKeysAndOneEntryPerStep) {
+  LoadRun run;
   run.sweep = "rate";
   run.steps.push_back({SomeStep(LoadMode::kOpen, 10), std::nullopt});
   run.steps.push_back({SomeStep(LoadMode::kOpen, 20), std::nullopt});
@@ -160,8 +160,8 @@ TEST(BenchReportTest, JsonHasTheContractKeysAndOneEntryPerStep) {
   EXPECT_NEAR(json["steps"][1]["latency_ms"]["p50"].get<double>(), 10, 10.0 / 128);
 }
 
-TEST(BenchReportTest, CsvHasAHeaderAndARowPerStepOfEqualWidth) {
-  BenchRun run;
+TEST(LoadReportTest, CsvHasAHeaderAndARowPerStepOfEqualWidth) {
+  LoadRun run;
   run.sweep = "concurrency";
   for (int ok : {5, 6, 7}) run.steps.push_back({SomeStep(LoadMode::kClosed, ok), std::nullopt});
   std::vector<std::string> lines = absl::StrSplit(RunCsv(run), '\n', absl::SkipEmpty());
@@ -173,23 +173,23 @@ TEST(BenchReportTest, CsvHasAHeaderAndARowPerStepOfEqualWidth) {
   EXPECT_NE(RunSummary(run).find("c=3"), std::string::npos);
 }
 
-TEST(BenchTest, RefusesBadOptionsBeforeAnyCall) {
+TEST(LoadEngineTest, RefusesBadOptionsBeforeAnyCall) {
   // Nothing listens there: the options must be refused before a call is tried.
   std::unique_ptr<AttentionClient> client = AttentionClient::Connect("127.0.0.1:1");
   LoadEngine engine({client.get()}, {WorkItem{}});
-  BenchOptions unbounded;
+  LoadOptions unbounded;
   unbounded.duration = absl::ZeroDuration();
   EXPECT_EQ(engine.RunStep(unbounded).status().code(), absl::StatusCode::kInvalidArgument);
-  BenchOptions no_callers;
+  LoadOptions no_callers;
   no_callers.concurrency = 0;
   EXPECT_EQ(engine.RunStep(no_callers).status().code(), absl::StatusCode::kInvalidArgument);
-  BenchOptions no_rate;
+  LoadOptions no_rate;
   no_rate.mode = LoadMode::kOpen;
   EXPECT_EQ(engine.RunStep(no_rate).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LoadEngine({}, {}).RunStep({}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(BenchReportTest, QueryTokensAreTheLengthsOrEveryRow) {
+TEST(LoadReportTest, QueryTokensAreTheLengthsOrEveryRow) {
   v1::ForwardRequest request;
   for (int64_t dim : {3, 8, 16}) request.mutable_input()->add_shape(dim);
   EXPECT_EQ(QueryTokens(request), 24);

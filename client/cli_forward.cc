@@ -31,7 +31,7 @@ absl::Status MaybeWrite(const std::string& path, absl::string_view name, const F
 
 }  // namespace
 
-absl::Status RunInfer(const ConnectionFlags& connection, const InferFlags& flags) {
+absl::Status RunForwardCommand(const ConnectionFlags& connection, const ForwardFlags& flags) {
   std::unique_ptr<AttentionClient> client = ConnectFromFlags(connection);
   absl::StatusOr<PreparedCall> prepared = PrepareCall(*client, flags.call);
   if (!prepared.ok()) return prepared.status();

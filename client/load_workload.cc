@@ -1,4 +1,4 @@
-#include "client/bench_workload.h"
+#include "client/load_workload.h"
 
 #include <algorithm>
 #include <fstream>
@@ -36,7 +36,7 @@ bool IsCross(v1::AttentionKind kind) {
 // Draws sequence lengths: uniform in [MIN, MAX] ("MIN:MAX") or one of a list ("16,64,256").
 class LengthDistribution {
  public:
-  static absl::StatusOr<LengthDistribution> FromFlags(const BenchFlags& flags) {
+  static absl::StatusOr<LengthDistribution> FromFlags(const LoadFlags& flags) {
     LengthDistribution d;
     if (!flags.lengths_uniform.empty() && !flags.lengths_list.empty()) {
       return absl::InvalidArgumentError("give --lengths-uniform or --lengths-list, not both");
@@ -104,7 +104,7 @@ absl::StatusOr<std::pair<int32_t, int32_t>> BatchAndLength(const std::string& te
 
 // The pool's shapes from the distribution flags: --random B,S sets the batch and the padded
 // length (default 8 and the largest length), --kinds the kinds taken in turn.
-absl::StatusOr<std::vector<MixedShape>> ShapesFromFlags(const BenchFlags& flags) {
+absl::StatusOr<std::vector<MixedShape>> ShapesFromFlags(const LoadFlags& flags) {
   absl::StatusOr<LengthDistribution> lengths = LengthDistribution::FromFlags(flags);
   if (!lengths.ok()) return lengths.status();
   std::vector<v1::AttentionKind> kinds;
@@ -166,7 +166,7 @@ absl::StatusOr<std::vector<int32_t>> JsonLengths(const nlohmann::json& line, con
 
 // One workload file line: {"kind": "causal", "lengths": [100, 37], "context_lengths": [64, 64],
 // "model": "m", "weight": 2}; weight copies go in the pool.
-absl::Status ParseWorkloadLine(const std::string& text, const BenchFlags& flags,
+absl::Status ParseWorkloadLine(const std::string& text, const LoadFlags& flags,
                                std::vector<MixedShape>& shapes) {
   const nlohmann::json line = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!line.is_object()) return absl::InvalidArgumentError("not a JSON object");
@@ -198,7 +198,7 @@ absl::Status ParseWorkloadLine(const std::string& text, const BenchFlags& flags,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<MixedShape>> ShapesFromFile(const BenchFlags& flags) {
+absl::StatusOr<std::vector<MixedShape>> ShapesFromFile(const LoadFlags& flags) {
   std::ifstream in(flags.workload);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open workload file ", flags.workload));
   std::vector<MixedShape> shapes;
@@ -230,8 +230,8 @@ absl::StatusOr<std::vector<MixedShape>> ShapesFromFile(const BenchFlags& flags) 
 
 // Makes the random arrays of one mixed request and encodes it.
 absl::StatusOr<WorkItem> MakeItem(const MixedShape& shape, const v1::ModelInfo& model,
-                                  const BenchFlags& flags, uint64_t seed) {
-  ForwardCall call;
+                                  const LoadFlags& flags, uint64_t seed) {
+  ForwardRequestSpec call;
   call.model = shape.model;
   call.kind = shape.kind;
   absl::StatusOr<Encoding> encoding = ParseEncoding(flags.call.encoding);
@@ -263,7 +263,7 @@ absl::StatusOr<WorkItem> MakeItem(const MixedShape& shape, const v1::ModelInfo& 
   return item;
 }
 
-bool IsMixed(const BenchFlags& flags) {
+bool IsMixed(const LoadFlags& flags) {
   return !flags.lengths_uniform.empty() || !flags.lengths_list.empty() || !flags.kinds.empty() ||
          !flags.workload.empty();
 }
@@ -271,7 +271,7 @@ bool IsMixed(const BenchFlags& flags) {
 }  // namespace
 
 absl::StatusOr<std::vector<WorkItem>> BuildWorkload(const AttentionClient& client,
-                                                    const BenchFlags& flags) {
+                                                    const LoadFlags& flags) {
   if (!IsMixed(flags)) {
     CallFlags call_flags = flags.call;
     if (call_flags.input.empty() && call_flags.random.empty()) call_flags.random = "8,128";

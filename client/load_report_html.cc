@@ -1,7 +1,7 @@
 // The HTML report: one page, its data inline as JSON and its charts drawn by an inline script
 // into SVG, so it opens from a file or an attachment with no network at all.
 #include "absl/strings/str_replace.h"
-#include "client/bench_report.h"
+#include "client/load_report.h"
 
 namespace attnserve::client {
 namespace {
@@ -198,7 +198,7 @@ document.body.dataset.chartsDrawn = String(drawn);
 
 }  // namespace
 
-std::string RunHtml(const BenchRun& run) {
+std::string RunHtml(const LoadRun& run) {
   // "</" would end the <script> element early; "<\/" is the same JSON string.
   const std::string data = absl::StrReplaceAll(
       RunJson(run).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),

@@ -1,4 +1,4 @@
-#include "client/bench_report.h"
+#include "client/load_report.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -112,7 +112,7 @@ std::string ErrorCodes(const StepReport& r) {
   return text;
 }
 
-std::string StepSummary(const BenchStep& step) {
+std::string StepSummary(const LoadStep& step) {
   const StepReport& r = step.report;
   std::string load =
       r.mode == LoadMode::kOpen
@@ -142,17 +142,17 @@ std::string StepSummary(const BenchStep& step) {
 
 }  // namespace
 
-StepReport MergedRun(const BenchRun& run) {
+StepReport MergedRun(const LoadRun& run) {
   if (run.steps.empty()) return {};
   StepReport merged = run.steps[0].report;
   for (size_t i = 1; i < run.steps.size(); ++i) MergeStep(merged, run.steps[i].report);
   return merged;
 }
 
-nlohmann::json RunJson(const BenchRun& run) {
+nlohmann::json RunJson(const LoadRun& run) {
   nlohmann::json top = StepJson(MergedRun(run));
   nlohmann::json steps = nlohmann::json::array();
-  for (const BenchStep& step : run.steps) {
+  for (const LoadStep& step : run.steps) {
     nlohmann::json s = StepJson(step.report);
     if (step.server.has_value()) s["server"] = ServerJson(*step.server);
     steps.push_back(std::move(s));
@@ -174,7 +174,7 @@ nlohmann::json RunJson(const BenchRun& run) {
   return top;
 }
 
-std::string RunCsv(const BenchRun& run) {
+std::string RunCsv(const LoadRun& run) {
   std::string csv =
       "step,mode,concurrency,offered_rate,arrival,connections,window_seconds,scheduled,sent,"
       "late,unsent,ok,failed,achieved_rate,requests_per_second,tokens_per_second,p50_ms,p90_ms,"
@@ -205,14 +205,14 @@ std::string RunCsv(const BenchRun& run) {
   return csv;
 }
 
-std::string RunSummary(const BenchRun& run) {
+std::string RunSummary(const LoadRun& run) {
   if (run.sweep.empty() && run.steps.size() == 1) return StepSummary(run.steps[0]);
   std::string text =
       absl::StrFormat("%-9s %7s %7s %6s %6s %6s %9s %10s %8s %8s %8s %8s %8s\n",
                       run.sweep + " sweep", "sent", "ok", "failed", "late", "unsent", "req/s",
                       "tokens/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms");
   bool any_server = false;
-  for (const BenchStep& step : run.steps) {
+  for (const LoadStep& step : run.steps) {
     const StepReport& r = step.report;
     const LatencyHistogram& h = r.latency;
     absl::StrAppend(
@@ -227,7 +227,7 @@ std::string RunSummary(const BenchRun& run) {
   if (any_server) {
     absl::StrAppend(&text, absl::StrFormat("%-9s %16s %16s %12s %12s\n", "server", "queue ms mean",
                                            "compute ms mean", "calls/batch", "tokens/batch"));
-    for (const BenchStep& step : run.steps) {
+    for (const LoadStep& step : run.steps) {
       if (!step.server.has_value()) continue;
       const ServerSplit& s = *step.server;
       absl::StrAppend(&text,
@@ -236,7 +236,7 @@ std::string RunSummary(const BenchRun& run) {
                                       s.mean_batch_tokens));
     }
   }
-  for (const BenchStep& step : run.steps) {
+  for (const LoadStep& step : run.steps) {
     const StepReport& r = step.report;
     if (r.trials_run > 1) {
       absl::StrAppend(&text, absl::StrFormat("%-9s %d windows run, %s\n", LoadLabel(r),

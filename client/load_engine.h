@@ -39,7 +39,7 @@ struct StepProgress {
 };
 
 // How hard and how long one step loads the server.
-struct BenchOptions {
+struct LoadOptions {
   LoadMode mode = LoadMode::kClosed;
   int concurrency = 4;  // closed loop: calls in flight
   double rate = 0;      // open loop: calls per second
@@ -117,7 +117,7 @@ class LoadEngine {
   LoadEngine(std::vector<const AttentionClient*> connections, std::vector<WorkItem> work);
 
   // Loads the server for one warm-up and window, then waits for every call sent to end.
-  absl::StatusOr<StepReport> RunStep(const BenchOptions& options) const;
+  absl::StatusOr<StepReport> RunStep(const LoadOptions& options) const;
 
   // Sends each work item once, in turn, `calls` times in all and waits: the first failure
   // (wrong model, bad shape) is returned, since it would fail every timed call too.
@@ -130,7 +130,7 @@ class LoadEngine {
 
 // Runs a step's window `max_trials` times at most, until the last three agree on throughput and
 // p99 within `percent` %, and reports those three merged; percent <= 0: one window.
-absl::StatusOr<StepReport> RunStableStep(const LoadEngine& engine, BenchOptions options,
+absl::StatusOr<StepReport> RunStableStep(const LoadEngine& engine, LoadOptions options,
                                          double percent, int max_trials);
 
 // Adds `next` (measured after `into`) to `into`: counts, histograms, windows, timeline.

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "client/bench.h"
+#include "client/load_engine.h"
 #include "client/metrics_scrape.h"
 #include "nlohmann/json.hpp"
 
@@ -13,15 +13,15 @@
 namespace attnserve::client {
 
 // One measured step and, with --metrics-url, what the server saw over it.
-struct BenchStep {
+struct LoadStep {
   StepReport report;
   std::optional<ServerSplit> server;
 };
 
 // A whole load test: one step, or a sweep's steps in order.
-struct BenchRun {
+struct LoadRun {
   std::string sweep;  // "", "concurrency" or "rate"
-  std::vector<BenchStep> steps;
+  std::vector<LoadStep> steps;
   double latency_limit_ms = 0;
   bool stopped_by_latency_limit = false;
   std::string target;
@@ -30,20 +30,20 @@ struct BenchRun {
 
 // The run as JSON: the whole run's figures at the top level, and "steps", one entry per step
 // with the same keys (plus "server" with --metrics-url).
-nlohmann::json RunJson(const BenchRun& run);
+nlohmann::json RunJson(const LoadRun& run);
 
 // One CSV row per step, after a header line.
-std::string RunCsv(const BenchRun& run);
+std::string RunCsv(const LoadRun& run);
 
 // The readable summary: a few lines for one step, a table for a sweep.
-std::string RunSummary(const BenchRun& run);
+std::string RunSummary(const LoadRun& run);
 
 // One HTML page (inline SVG and script, no network fetches) with the latency-throughput curve,
 // latency over time and the histogram. When its script has drawn them, <body> gets
 // data-charts-drawn="3".
-std::string RunHtml(const BenchRun& run);
+std::string RunHtml(const LoadRun& run);
 
 // The whole run merged into one report (the top level of the JSON).
-StepReport MergedRun(const BenchRun& run);
+StepReport MergedRun(const LoadRun& run);
 
 }  // namespace attnserve::client
