@@ -1,10 +1,32 @@
 #!/usr/bin/env bash
 # Installs what attnserve needs to build, test and serve on Debian 12 (bookworm), as root.
 # Idempotent: packages already present are skipped, so a second run costs a second.
-#   deploy/install-deps.sh            build + test + serve
-#   deploy/install-deps.sh --test     also what the test suites run (deploy/test.sh)
-#   deploy/install-deps.sh --torch    also PyTorch (golden fixtures, PyTorch benchmark)
+#   deploy/install-deps.sh [--test] [--torch] [--list]   (--help says what each adds)
 set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+usage: deploy/install-deps.sh [--test] [--torch] [--list] [-h|--help]
+Installs the Debian 12 packages attnserve needs (apt-get, as root or through sudo); packages
+already installed are skipped.
+  (no flag)   what building and serving need
+  --test      also what the test suites run (deploy/test.sh)
+  --torch     also PyTorch (golden fixtures, the PyTorch benchmark)
+  --list      print the packages the other flags select, one a line, and install nothing
+  -h, --help  this text
+Flags combine: deploy/install-deps.sh --test --torch
+USAGE
+}
+with_test=0 with_torch=0 list=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_test=1 ;;
+    --torch) with_torch=1 ;;
+    --list) list=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "install-deps.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake pkg-config
@@ -25,11 +47,16 @@ test_packages=(
   # tests/fuzz and tests/sanitizers: clang with libFuzzer and the sanitizer runtimes, the OpenMP
   # runtime clang links, llvm-symbolizer for readable reports
   clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
+  clang-format-14                               # deploy/check-format.sh (clang-14 does not bring it)
 )
-[[ "${1:-}" == "--test" ]] && packages+=("${test_packages[@]}")
+(( with_test )) && packages+=("${test_packages[@]}")
 # Debian's torch calls the system BLAS; without OpenBLAS that is netlib's reference BLAS (~1 GFLOP/s),
 # which would make the PyTorch benchmark (tests/bench) meaningless. The OpenMP build matches torch's.
-[[ "${1:-}" == "--torch" ]] && packages+=(python3-torch libopenblas0-openmp)
+(( with_torch )) && packages+=(python3-torch libopenblas0-openmp)
+if (( list )); then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${packages[@]}"; do
