@@ -205,13 +205,45 @@ absl::Status ParseMetadata(const std::string& path, const Json& value,
 // of a deeply nested document, or every item of a long list (gigabytes for a 100 MB header): a
 // safetensors header has neither. One pass over the text, allocating nothing, refuses them;
 // a refusal names the tensor whose entry it is in.
+// One nesting level of a header as CheckHeaderText scans it.
+struct HeaderLevel {
+  int64_t items = 0;
+  std::string_view key;  // the last key at this level, as written (escapes not decoded)
+};
+
+// The limits on how many items the level at `depth` holds, checked at each ',' or ':' (`at_key`)
+// of the scan: tensors at the top, entries of __metadata__ and of a tensor's entry, dimensions
+// of a shape.
+absl::Status CheckItemCounts(const std::string& path, const HeaderLevel* levels, int depth,
+                             bool at_key, bool metadata_seen) {
+  const HeaderLevel& level = levels[depth];
+  const std::string_view tensor = levels[1].key;
+  // At a key we know whether this item is __metadata__; at a comma (a top-level list has no
+  // keys) allow for it.
+  if (depth == 1 && level.items - (at_key ? metadata_seen : 1) > kMaxTensors) {
+    return Invalid(path,
+                   absl::StrCat("the header lists more than ", kMaxTensors, " tensors, the limit"));
+  }
+  if (depth == 2 && tensor == "__metadata__" && level.items > kMaxMetadataEntries) {
+    return Invalid(path, absl::StrCat("__metadata__ has more than ", kMaxMetadataEntries,
+                                      " entries, the limit"));
+  }
+  if (depth == 2 && tensor != "__metadata__" && level.items > kMaxEntryKeys) {
+    return InvalidTensor(path, tensor,
+                         absl::StrCat("header entry has more than ", kMaxEntryKeys, " items"));
+  }
+  if (depth == 3 && level.items > kMaxRank) {
+    return InvalidTensor(path, tensor,
+                         absl::StrCat("'", NameForMessage(levels[2].key), "' has more than ",
+                                      kMaxRank, " items (a shape has at most ", kMaxRank,
+                                      " dimensions)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckHeaderText(const std::string& path, const std::string& text) {
   constexpr int kMaxDepth = 3;  // {"name": {"shape": [dims]}}
-  struct Level {
-    int64_t items = 0;
-    std::string_view key;  // the last key at this level, as written (escapes not decoded)
-  };
-  Level levels[kMaxDepth + 1];
+  HeaderLevel levels[kMaxDepth + 1];
   int depth = 0;
   bool in_string = false, escaped = false;
   size_t string_start = 0;
@@ -240,35 +272,15 @@ absl::Status CheckHeaderText(const std::string& path, const std::string& text) {
                                           " levels of a safetensors header"));
       }
       // An item is counted at its separator or key, so a container starts with one.
-      levels[depth] = Level{.items = 1, .key = {}};
+      levels[depth] = HeaderLevel{.items = 1, .key = {}};
     } else if (c == '}' || c == ']') {
       if (--depth < 0) return Invalid(path, "the header is not valid JSON (unbalanced brackets)");
     } else if (depth > 0 && (c == ',' || c == ':')) {
-      Level& level = levels[depth];
-      if (c == ',') ++level.items;
-      if (c == ':') level.key = last_string;
-      const std::string_view tensor = levels[1].key;
-      // At a key we know whether this item is __metadata__; at a comma (a top-level list has
-      // no keys) allow for it.
-      if (depth == 1 && c == ':' && level.key == "__metadata__") metadata_seen = true;
-      if (depth == 1 && level.items - (c == ':' ? metadata_seen : 1) > kMaxTensors) {
-        return Invalid(path, absl::StrCat("the header lists more than ", kMaxTensors,
-                                          " tensors, the limit"));
-      }
-      if (depth == 2 && tensor == "__metadata__" && level.items > kMaxMetadataEntries) {
-        return Invalid(path, absl::StrCat("__metadata__ has more than ", kMaxMetadataEntries,
-                                          " entries, the limit"));
-      }
-      if (depth == 2 && tensor != "__metadata__" && level.items > kMaxEntryKeys) {
-        return InvalidTensor(path, tensor,
-                             absl::StrCat("header entry has more than ", kMaxEntryKeys, " items"));
-      }
-      if (depth == 3 && level.items > kMaxRank) {
-        return InvalidTensor(path, tensor,
-                             absl::StrCat("'", NameForMessage(levels[2].key), "' has more than ",
-                                          kMaxRank, " items (a shape has at most ", kMaxRank,
-                                          " dimensions)"));
-      }
+      if (c == ',') ++levels[depth].items;
+      if (c == ':') levels[depth].key = last_string;
+      if (depth == 1 && c == ':' && levels[1].key == "__metadata__") metadata_seen = true;
+      absl::Status counts = CheckItemCounts(path, levels, depth, c == ':', metadata_seen);
+      if (!counts.ok()) return counts;
     }
   }
   return absl::OkStatus();

@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
 # The README's test command (what CI runs, .ci/run): installs what is missing (build and test
-# packages), checks the formatting, builds with the test suites, runs every ctest suite, then the
-# checks that need their own build or a time bound (each a script of its own, listed below).
+# packages), builds with the test suites, runs every ctest suite, then the checks that need
+# their own build or a time bound (each a script of its own, listed below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh --test
-# Formatting first: a few seconds, and a misformatted file fails before minutes of build.
-deploy/check-format.sh
 deploy/build.sh -DATTNSERVE_BUILD_TESTS=ON -DATTNSERVE_BUILD_BENCH=ON  # build.sh alone: serving only
 ctest --test-dir build --output-on-failure
 # Suites with their own builds or time bounds go here, one line each.

@@ -173,6 +173,71 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// What the flags say beyond the options they fill directly: logging (set up here, before
+// anything logs), the models and the time limits in milliseconds.
+absl::Status ApplyFlags(Flags& flags) {
+  absl::StatusOr<LogLevel> level = attnserve::server::ParseLogLevel(flags.log_level);
+  if (!level.ok()) return level.status();
+  absl::StatusOr<attnserve::server::LogFormat> format =
+      attnserve::server::ParseLogFormat(flags.log_format);
+  if (!format.ok()) return format.status();
+  attnserve::server::InitLogging(*level, *format);
+  flags.options.max_connection_idle_ms = static_cast<int>(flags.max_connection_idle_s * 1000);
+  flags.options.handshake_timeout_ms = static_cast<int>(flags.handshake_timeout_s * 1000);
+  flags.options.on_listener_lost = [] {
+    listener_lost.store(true);
+    kill(getpid(), SIGUSR1);
+  };
+  for (const std::string& flag : flags.models) {
+    absl::StatusOr<attnserve::server::ModelConfig> model = attnserve::server::ParseModelFlag(flag);
+    if (!model.ok()) return model.status();
+    flags.options.models.push_back(*std::move(model));
+  }
+  return absl::OkStatus();
+}
+
+// Serves until SIGTERM or SIGINT (returned), or until the listener was lost (SIGUSR1 from the
+// watchdog, returned too); SIGHUP re-reads the token file.
+int WaitForStop(attnserve::server::Server& server, const sigset_t& signals) {
+  int signal = 0;
+  while (true) {
+    sigwait(&signals, &signal);
+    if (signal == SIGHUP) {
+      server.ReloadTokens();
+    } else if (signal != SIGUSR1 || listener_lost.load()) {
+      return signal;
+    }
+  }
+}
+
+// Drains and exits: the graceful stop after SIGTERM or SIGINT, where a second signal means
+// "now"; or, with the listener lost, a drain of the connections already open and the exit code
+// that tells a supervisor to restart.
+[[noreturn]] void DrainAndExit(attnserve::server::Server& server, const sigset_t& signals,
+                               int signal, std::chrono::seconds grace) {
+  if (listener_lost.load()) {
+    server.Shutdown(grace, std::chrono::milliseconds(0));
+    std::_Exit(kExitListenerLost);
+  }
+  attnserve::server::Log(LogLevel::kInfo, "signal received",
+                         {{"signal", signal == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  std::thread([signals] {
+    int again = 0;
+    do {
+      sigwait(&signals, &again);
+    } while (again == SIGHUP || again == SIGUSR1);
+    attnserve::server::Log(LogLevel::kWarn, "second signal: exiting without draining");
+    std::_Exit(1);
+  }).detach();
+  // Half a second of UNAVAILABLE for late callers, so that a call racing the signal is refused
+  // by us (retryable) rather than cut by gRPC's shutdown.
+  server.Shutdown(grace, std::chrono::milliseconds(500));
+  // Every call is answered and its reply flushed, and the log flushes each line. Destroying the
+  // gRPC server would now run grpc_shutdown, which can wait out a poller's timer for up to 10 s
+  // after large calls: nothing is left that the process's exit does not release.
+  std::_Exit(0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -184,60 +249,11 @@ int main(int argc, char** argv) {
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);
-
-  absl::StatusOr<LogLevel> level = attnserve::server::ParseLogLevel(flags.log_level);
-  if (!level.ok()) return Fail(level.status());
-  absl::StatusOr<attnserve::server::LogFormat> format =
-      attnserve::server::ParseLogFormat(flags.log_format);
-  if (!format.ok()) return Fail(format.status());
-  attnserve::server::InitLogging(*level, *format);
+  if (absl::Status status = ApplyFlags(flags); !status.ok()) return Fail(status);
   RaiseDescriptorLimit();
-  flags.options.max_connection_idle_ms = static_cast<int>(flags.max_connection_idle_s * 1000);
-  flags.options.handshake_timeout_ms = static_cast<int>(flags.handshake_timeout_s * 1000);
-  flags.options.on_listener_lost = [] {
-    listener_lost.store(true);
-    kill(getpid(), SIGUSR1);
-  };
-
-  for (const std::string& flag : flags.models) {
-    absl::StatusOr<attnserve::server::ModelConfig> model = attnserve::server::ParseModelFlag(flag);
-    if (!model.ok()) return Fail(model.status());
-    flags.options.models.push_back(*std::move(model));
-  }
   absl::StatusOr<std::unique_ptr<attnserve::server::Server>> server =
       attnserve::server::Server::Start(flags.options);
   if (!server.ok()) return Fail(server.status());
-
-  int signal = 0;
-  while (true) {
-    sigwait(&signals, &signal);
-    if (signal == SIGHUP) {
-      (*server)->ReloadTokens();
-    } else if (signal != SIGUSR1 || listener_lost.load()) {
-      break;
-    }
-  }
-  if (listener_lost.load()) {
-    // Calls on connections already open still finish; then the supervisor restarts us.
-    (*server)->Shutdown(std::chrono::seconds(flags.shutdown_grace_s), std::chrono::milliseconds(0));
-    std::_Exit(kExitListenerLost);
-  }
-  attnserve::server::Log(LogLevel::kInfo, "signal received",
-                         {{"signal", signal == SIGTERM ? "SIGTERM" : "SIGINT"}});
-  // A second signal while draining means "now": the operator does not want to wait.
-  std::thread([signals] {
-    int again = 0;
-    do {
-      sigwait(&signals, &again);
-    } while (again == SIGHUP || again == SIGUSR1);
-    attnserve::server::Log(LogLevel::kWarn, "second signal: exiting without draining");
-    std::_Exit(1);
-  }).detach();
-  // Half a second of UNAVAILABLE for late callers, so that a call racing the signal is refused
-  // by us (retryable) rather than cut by gRPC's shutdown.
-  (*server)->Shutdown(std::chrono::seconds(flags.shutdown_grace_s), std::chrono::milliseconds(500));
-  // Every call is answered and its reply flushed, and the log flushes each line. Destroying the
-  // gRPC server would now run grpc_shutdown, which can wait out a poller's timer for up to 10 s
-  // after large calls: nothing is left that the process's exit does not release.
-  std::_Exit(0);
+  const int signal = WaitForStop(**server, signals);
+  DrainAndExit(**server, signals, signal, std::chrono::seconds(flags.shutdown_grace_s));
 }

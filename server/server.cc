@@ -84,6 +84,25 @@ class HealthOnlyRefusal final : public grpc::CallbackGenericService {
   }
 };
 
+// A connection's calls past the stream limit wait in its client (HTTP/2 flow of streams) rather
+// than crossing the wire only to be refused: under overload, refused megabytes would take the
+// cores from the calls being computed. Clients re-resolve their target only when a connection
+// ends: ending each one after an age lets replicas that an autoscaler adds get calls from
+// clients already running.
+void BoundStreamsAndAge(const ServerOptions& options, grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams);
+  if (options.max_connection_age_s > 0) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_s * 1000);
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                                options.max_connection_age_grace_s * 1000);
+  }
+}
+
+// The largest request or response, in bytes (--max-message-mib).
+int64_t MaxMessageBytes(const ServerOptions& options) {
+  return int64_t{options.max_message_mib} << 20;
+}
+
 bool IsLoopback(const std::string& listen) {
   const std::string host = listen.substr(0, listen.rfind(':'));
   return host == "localhost" || host.starts_with("127.") || host == "[::1]" || host == "::1";
@@ -94,91 +113,80 @@ bool IsLoopback(const std::string& listen) {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   if (absl::Status status = CheckOptions(options); !status.ok()) return status;
   std::unique_ptr<Server> server(new Server);
+  if (absl::Status status = server->Init(options); !status.ok()) {
+    // Whatever started stops: a bound port is shut down, loaded models drained.
+    if (server->grpc_server_ != nullptr) {
+      server->Shutdown(std::chrono::milliseconds(0));
+    } else if (server->registry_ != nullptr) {
+      server->registry_->Drain();
+    }
+    return status;
+  }
+  return server;
+}
+
+absl::Status Server::Init(const ServerOptions& options) {
+  metrics_ = MetricsOff(options.metrics_listen) ? Metrics::Disabled() : Metrics::Create();
+  reporter_ = std::make_unique<CallReporter>(metrics_.get());
   const SchedulerOptions scheduler_options{
       .max_queue = options.max_queue,
       .max_batch_tokens = options.max_batch_tokens,
       .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us)};
-  server->metrics_ = MetricsOff(options.metrics_listen) ? Metrics::Disabled() : Metrics::Create();
-  server->reporter_ = std::make_unique<CallReporter>(server->metrics_.get());
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry = ModelRegistry::Load(
-      options.models, scheduler_options, options.compute_threads, server->reporter_.get());
+      options.models, scheduler_options, options.compute_threads, reporter_.get());
   if (!registry.ok()) return registry.status();
-  server->registry_ = *std::move(registry);
-  if (absl::Status status = server->StartMetrics(options); !status.ok()) {
-    server->registry_->Drain();
-    return status;
+  registry_ = *std::move(registry);
+  if (absl::Status status = StartMetrics(options); !status.ok()) return status;
+
+  admission_ = std::make_unique<Admission>(registry_.get(), reporter_.get(), MaxMessageBytes(options));
+  service_ = std::make_unique<AttentionService>(admission_.get());
+  inference_service_ = std::make_unique<InferenceService>(admission_.get());
+  if (absl::Status status = StartMainPort(options); !status.ok()) return status;
+  if (absl::Status status = StartHealthPort(options); !status.ok()) return status;
+  SetServing(true);
+  if (!options.port_file.empty()) {
+    if (absl::Status status = WritePortFile(options.port_file, port_); !status.ok()) return status;
   }
+  StartWatchers(options);
+  LogSummary(options);
+  return absl::OkStatus();
+}
 
-  const int64_t max_bytes = int64_t{options.max_message_mib} << 20;
-  server->admission_ =
-      std::make_unique<Admission>(server->registry_.get(), server->reporter_.get(), max_bytes);
-  server->service_ = std::make_unique<AttentionService>(server->admission_.get());
-  server->inference_service_ = std::make_unique<InferenceService>(server->admission_.get());
-
+absl::Status Server::StartMainPort(const ServerOptions& options) {
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::shared_ptr<TokenAuthenticator>> auth =
         TokenAuthenticator::Load(options.auth_token_file);
-    if (!auth.ok()) {
-      server->registry_->Drain();
-      return auth.status();
-    }
-    server->auth_ = *std::move(auth);
+    if (!auth.ok()) return auth.status();
+    auth_ = *std::move(auth);
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      MakeServerCredentials(options.tls, server->auth_);
-  if (!credentials.ok()) {
-    server->registry_->Drain();
-    return credentials.status();
-  }
+      MakeServerCredentials(options.tls, auth_);
+  if (!credentials.ok()) return credentials.status();
 
   // A process-wide switch that must be set before the builder is made; reflection is chosen
   // per builder (the health port must not serve it).
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, *credentials, &server->port_);
-  builder.RegisterService(server->service_.get());
-  builder.RegisterService(server->inference_service_.get());
+  builder.AddListeningPort(options.listen, *credentials, &port_);
+  builder.RegisterService(service_.get());
+  builder.RegisterService(inference_service_.get());
   builder.SetOption(ReflectionOption());
-  builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(MaxMessageBytes(options)));
+  builder.SetMaxSendMessageSize(static_cast<int>(MaxMessageBytes(options)));
   BoundConnections(options, &builder);
-  // A connection's calls past this wait in its client (HTTP/2 flow of streams) rather than
-  // crossing the wire only to be refused: under overload, refused megabytes would take the
-  // cores from the calls being computed.
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams);
-  // Clients re-resolve their target only when a connection ends: ending each one after an age
-  // lets replicas that an autoscaler adds get calls from clients already running.
-  if (options.max_connection_age_s > 0) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_s * 1000);
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
-                               options.max_connection_age_grace_s * 1000);
-  }
+  BoundStreamsAndAge(options, &builder);
   if (options.grpc_threads > 0) {
     grpc::ResourceQuota quota("attnserve");
     quota.SetMaxThreads(options.grpc_threads);
     builder.SetResourceQuota(quota);
   }
-  server->grpc_server_ = builder.BuildAndStart();
-  if (server->grpc_server_ == nullptr || server->port_ == 0) {
-    server->registry_->Drain();
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || port_ == 0) {
+    grpc_server_.reset();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
-  server->address_ =
-      absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", server->port_);
-  if (absl::Status status = server->StartHealthPort(options); !status.ok()) {
-    server->Shutdown(std::chrono::milliseconds(0));
-    return status;
-  }
-  server->SetServing(true);
-  if (!options.port_file.empty()) {
-    if (absl::Status status = WritePortFile(options.port_file, server->port_); !status.ok()) {
-      server->Shutdown(std::chrono::milliseconds(0));
-      return status;
-    }
-  }
-  server->StartWatchers(options);
-  server->LogSummary(options);
-  return server;
+  address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port_);
+  return absl::OkStatus();
 }
 
 absl::Status Server::StartHealthPort(const ServerOptions& options) {

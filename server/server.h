@@ -71,6 +71,9 @@ class Server {
 
  private:
   Server() = default;
+  // The steps of Start, in order; on failure Start stops what they started.
+  absl::Status Init(const ServerOptions& options);
+  absl::Status StartMainPort(const ServerOptions& options);
   absl::Status StartHealthPort(const ServerOptions& options);
   void StartWatchers(const ServerOptions& options);
   void SetServing(bool serving);

@@ -276,30 +276,32 @@ void Scheduler::RunMerged(const std::vector<Job*>& jobs, RunInfo run) {
       Answer(job, status, own);
       continue;
     }
-    const core::RaggedBatch& input = job->args().input;
-    absl::Status copied;
-    try {
-      absl::StatusOr<ForwardBuffers> buffers = job->Buffers(layer_->Shapes(job->args()));
-      if (!buffers.ok()) {
-        copied = buffers.status();
-      } else if (input.packed()) {
-        const int64_t count = input.total_length() * width;
-        if (count > 0) std::memcpy(buffers->output.data(), src, count * sizeof(float));
-      } else {
-        const float* from = src;
-        for (int64_t b = 0; b < input.batch(); ++b) {
-          const int64_t count = input.lengths[b] * width;
-          if (count == 0) continue;
-          std::memcpy(buffers->output.data() + b * input.padded_length * width, from,
-                      count * sizeof(float));
-          from += count;
-        }
-      }
-    } catch (const std::exception& e) {
-      copied = ComputeFailed(e);
-    }
-    src += input.total_length() * width;
+    const absl::Status copied = CopyRowsBack(job, src, width);
+    src += job->args().input.total_length() * width;  // before Answer: the job may go with it
     Answer(job, copied, own);
+  }
+}
+
+absl::Status Scheduler::CopyRowsBack(Job* job, const float* rows, int64_t width) {
+  const core::RaggedBatch& input = job->args().input;
+  try {
+    absl::StatusOr<ForwardBuffers> buffers = job->Buffers(layer_->Shapes(job->args()));
+    if (!buffers.ok()) return buffers.status();
+    if (input.packed()) {
+      const int64_t count = input.total_length() * width;
+      if (count > 0) std::memcpy(buffers->output.data(), rows, count * sizeof(float));
+      return absl::OkStatus();
+    }
+    for (int64_t b = 0; b < input.batch(); ++b) {
+      const int64_t count = input.lengths[b] * width;
+      if (count == 0) continue;
+      std::memcpy(buffers->output.data() + b * input.padded_length * width, rows,
+                  count * sizeof(float));
+      rows += count;
+    }
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return ComputeFailed(e);
   }
 }
 

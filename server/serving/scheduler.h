@@ -95,6 +95,8 @@ class Scheduler final : public RunQueue {
   void Run(const std::vector<Job*>& jobs);
   void RunOne(Job* job, RunInfo run);
   void RunMerged(const std::vector<Job*>& jobs, RunInfo run);
+  // Copies a merged run's rows of `job` (packed, from `rows`) into its reply, in its layout.
+  absl::Status CopyRowsBack(Job* job, const float* rows, int64_t width);
   void Answer(Job* job, const absl::Status& status, const RunInfo& run = {});
   void Finished(int count);
 
