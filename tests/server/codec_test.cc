@@ -100,5 +100,24 @@ TEST(CodecTest, TheReplyWriterRefusesSizesAReplyCannotHold) {
   EXPECT_EQ(response.output().values_size(), 8);
 }
 
+// A JSON or protobufjs client sends the enum's value names: a message that asks for a kind must
+// name those, not another spelling the wire does not take.
+TEST(CodecTest, KindMessagesNameTheKindsAsTheWireSpellsThem) {
+  for (const int kind : {static_cast<int>(v1::ATTENTION_KIND_UNSPECIFIED), 99}) {
+    v1::ForwardRequest request;
+    request.set_kind(static_cast<v1::AttentionKind>(kind));
+    DecodedForward decoded;
+    const absl::Status status = DecodeForwardRequest(request, &decoded);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    const google::protobuf::EnumDescriptor* kinds = v1::AttentionKind_descriptor();
+    for (int i = 0; i < kinds->value_count(); ++i) {
+      const std::string& name = kinds->value(i)->name();
+      if (kinds->value(i)->number() == v1::ATTENTION_KIND_UNSPECIFIED) continue;
+      EXPECT_NE(status.message().find(name), absl::string_view::npos)
+          << "'" << status.message() << "' does not name " << name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attnserve::server::testing

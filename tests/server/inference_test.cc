@@ -189,12 +189,7 @@ class InferenceTest : public ::testing::Test {
     auto cases = test::LoadGoldenCases();
     ASSERT_TRUE(cases.ok()) << cases.status();
     cases_ = new std::vector<test::GoldenCase>(*std::move(cases));
-    ServerOptions options;
-    options.models = GoldenModels(*cases_);
-    ModelConfig demo;
-    demo.name = "demo";
-    options.models.push_back(demo);
-    server_ = StartServer(options).release();
+    server_ = StartServer(GoldenServerOptions(*cases_)).release();
   }
   static void TearDownTestSuite() {
     delete server_;
@@ -682,22 +677,8 @@ TEST_F(InferRefusalTest, EachGetsItsStatusNamingTheTensorAndTheServerKeepsServin
 TEST_F(InferRefusalTest, BytesThatAreNotAModelInferRequestAreInvalidArgumentWithAMessage) {
   std::string valid;
   ASSERT_TRUE(ValidInfer(true).SerializeToString(&valid));
-  const std::vector<std::pair<std::string, std::string>> bodies = {
-      {"garbage", "\xff\xff\xff\xff not a protobuf at all"},
-      {"truncated", valid.substr(0, valid.size() / 2)},
-      {"a model name longer than the body",
-       "\x0a\x7f"
-       "abc"},
-  };
-  for (const auto& [name, body] : bodies) {
-    std::string reply;
-    const grpc::Status status =
-        CallRaw(channel_.get(), "/inference.GRPCInferenceService/ModelInfer", body, &reply);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name;
-    EXPECT_NE(status.error_message().find("not a valid inference.ModelInferRequest"),
-              std::string::npos)
-        << name << ": " << status.error_message();
-  }
+  ExpectMalformedBodiesRefused(channel_.get(), "/inference.GRPCInferenceService/ModelInfer", valid,
+                               "inference.ModelInferRequest");
   ModelInferResponse response;
   EXPECT_TRUE(Call(ValidInfer(false), &response).ok());
 }

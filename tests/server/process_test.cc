@@ -3,6 +3,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -13,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "google/protobuf/descriptor.pb.h"
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/server/test_util.h"
@@ -181,6 +184,57 @@ TEST(ProcessTest, HelpDocumentsTheModelOptions) {
         "--log-level", "--log-format", "--max-message-mib", "--port-file", "--max-queue"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
+}
+
+// grpcurl-style clients find a method by reflection: every service the binary lists must be
+// described (its file and methods), grpc.health.v1.Health included, which gRPC serves from
+// code of its own rather than from generated descriptors.
+TEST(ProcessTest, ReflectionDescribesEveryServiceItLists) {
+  const std::string port_file = TempPath("reflection.port");
+  ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--metrics-listen", "off"},
+                    TempPath("reflection.log"));
+  const int port = child.WaitForPort(port_file, seconds(20));
+  ASSERT_GT(port, 0) << child.Output();
+  auto stub = grpc::reflection::v1::ServerReflection::NewStub(Connect(port));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1::ServerReflectionRequest request;
+  grpc::reflection::v1::ServerReflectionResponse response;
+  request.set_list_services("*");
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> services;
+  for (const auto& service : response.list_services_response().service()) {
+    services.push_back(service.name());
+  }
+  EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end());
+  for (const std::string& service : services) {
+    request.set_file_containing_symbol(service);
+    ASSERT_TRUE(stream->Write(request));
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_FALSE(response.has_error_response())
+        << service << ": " << response.error_response().error_message();
+    // Files already sent on this stream are not sent again: the service may be in an earlier
+    // reply's file, so only a reply that carries files is searched.
+    bool described = response.file_descriptor_response().file_descriptor_proto_size() == 0;
+    for (const std::string& bytes : response.file_descriptor_response().file_descriptor_proto()) {
+      google::protobuf::FileDescriptorProto file;
+      ASSERT_TRUE(file.ParseFromString(bytes));
+      for (const auto& described_service : file.service()) {
+        described |= file.package() + "." + described_service.name() == service &&
+                     described_service.method_size() > 0;
+      }
+    }
+    EXPECT_TRUE(described) << service << " is listed but its methods are not described";
+  }
+  // The message a health check sends, by name, as grpcurl asks for it.
+  request.set_file_containing_symbol("grpc.health.v1.HealthCheckRequest");
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_FALSE(response.has_error_response()) << response.error_response().error_message();
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 }  // namespace

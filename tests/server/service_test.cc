@@ -20,11 +20,7 @@ class GoldenServiceTest : public ::testing::Test {
     auto cases = test::LoadGoldenCases();
     ASSERT_TRUE(cases.ok()) << cases.status();
     cases_ = new std::vector<test::GoldenCase>(*std::move(cases));
-    ServerOptions options;
-    options.models = GoldenModels(*cases_);
-    ModelConfig demo;
-    demo.name = "demo";
-    options.models.push_back(demo);
+    ServerOptions options = GoldenServerOptions(*cases_);
     ModelConfig bf16;  // the same weights as fused_mh, with bf16 matmuls
     bf16.name = "fused_mh_bf16";
     bf16.path = test::FixturesDir() + "/w_fused_mh.safetensors";

@@ -214,6 +214,33 @@ std::vector<ModelConfig> GoldenModels(const std::vector<test::GoldenCase>& cases
   return out;
 }
 
+ServerOptions GoldenServerOptions(const std::vector<test::GoldenCase>& cases) {
+  ServerOptions options;
+  options.models = GoldenModels(cases);
+  ModelConfig demo;
+  demo.name = "demo";
+  options.models.push_back(demo);
+  return options;
+}
+
+void ExpectMalformedBodiesRefused(grpc::Channel* channel, const std::string& method,
+                                  const std::string& valid, const std::string& type_name) {
+  const std::vector<std::pair<std::string, std::string>> bodies = {
+      {"garbage", "\xff\xff\xff\xff not a protobuf at all"},
+      {"truncated", valid.substr(0, valid.size() / 2)},
+      {"a model name longer than the body",
+       "\x0a\x7f"
+       "abc"},
+  };
+  for (const auto& [name, body] : bodies) {
+    std::string reply;
+    const grpc::Status status = CallRaw(channel, method, body, &reply);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name;
+    EXPECT_NE(status.error_message().find("not a valid " + type_name), std::string::npos)
+        << name << ": " << status.error_message();
+  }
+}
+
 v1::ForwardRequest GoldenRequest(const test::GoldenCase& c, Encoding encoding,
                                  bool return_attention) {
   v1::ForwardRequest request;

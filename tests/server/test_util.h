@@ -44,6 +44,16 @@ std::string GoldenModelName(const test::GoldenCase& c);
 // Model configs serving every distinct weights file of `cases`, named by GoldenModelName.
 std::vector<ModelConfig> GoldenModels(const std::vector<test::GoldenCase>& cases);
 
+// Options serving every golden case's weights (GoldenModels) and the demo layer beside them,
+// the server both frontends' golden suites call; `cases` is kept by the caller.
+ServerOptions GoldenServerOptions(const std::vector<test::GoldenCase>& cases);
+
+// Sends each of a few bodies that are not a `type_name` message (garbage, `valid` cut in half, a
+// length past the end) to `method`, expecting INVALID_ARGUMENT saying so: every raw method's
+// answer to bytes that are not its request.
+void ExpectMalformedBodiesRefused(grpc::Channel* channel, const std::string& method,
+                                  const std::string& valid, const std::string& type_name);
+
 // How a golden case goes on the wire.
 struct Encoding {
   bool packed = false;
