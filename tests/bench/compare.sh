@@ -3,12 +3,24 @@
 # the other, and prints ours beside PyTorch's: time ratio (PyTorch / ours: > 1 means we are
 # faster) and each one's efficiency against its own run's 4096^3 matmul peak.
 #   tests/bench/compare.sh [build-dir] [--shapes ...] [--threads N] [--reps N] [--precision p]
+# The build directory (default: build/ of this checkout) is the first argument when it is not a
+# flag; every flag goes to both benchmarks, --threads 2 unless one is given.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-build="${1:-$here/../../build}"
-[[ $# -gt 0 ]] && shift
+build="$here/../../build"
+if [[ $# -gt 0 && "$1" != -* ]]; then
+  build=$1
+  shift
+fi
 args=("$@")
-[[ " ${args[*]} " == *" --threads "* ]] || args+=(--threads 2)
+threads_given=0
+for arg in "${args[@]}"; do
+  case "$arg" in
+    -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+    --threads | --threads=*) threads_given=1 ;;
+  esac
+done
+(( threads_given )) || args+=(--threads 2)
 bench="$build/tests/bench/attnserve_bench"
 [[ -x "$bench" ]] || { echo "no $bench: build the attnserve_bench target first" >&2; exit 2; }
 
