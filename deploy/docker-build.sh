@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the attnserve container image from this checkout, with podman or docker.
-#   deploy/docker-build.sh                       image `attnserve`, podman if present, else docker
+# Builds the attnserve container image from this checkout, with docker or podman.
+#   deploy/docker-build.sh                       image `attnserve`, docker if present, else podman
 #   IMAGE=attnserve:1 ENGINE=docker deploy/docker-build.sh [more build flags...]
 #   CONTEXT=DIR deploy/docker-build.sh           build another tree (docker-smoke.sh --from-head)
 # The build stage starts from debian:bookworm. Where only debian:bookworm-slim is present (an
@@ -10,7 +10,8 @@
 # the docker format.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ENGINE=${ENGINE:-$(command -v podman >/dev/null && echo podman || echo docker)}
+# The engine: $ENGINE, else docker when present, else podman (deploy/docker-smoke.sh chooses alike).
+ENGINE=${ENGINE:-$(command -v docker >/dev/null && echo docker || echo podman)}
 IMAGE=${IMAGE:-attnserve}
 CONTEXT=${CONTEXT:-.}
 
@@ -21,7 +22,10 @@ if ! has_image debian:bookworm && has_image debian:bookworm-slim; then
   flags+=(--build-arg BUILD_IMAGE=debian:bookworm-slim)
 fi
 # Use local base images when present; pull only what is missing.
-[[ "$ENGINE" == podman ]] && flags+=(--format docker --pull=missing)
+# (podman-docker's `docker` is podman too: asked by its version.)
+if [[ "$ENGINE" == podman ]] || "$ENGINE" --version 2>/dev/null | grep -qi podman; then
+  flags+=(--format docker --pull=missing)
+fi
 start=$SECONDS
 "$ENGINE" build "${flags[@]}" "$@" "$CONTEXT"
 echo "image $IMAGE built in $((SECONDS - start)) s ($ENGINE)"

@@ -4,12 +4,13 @@
 #   deploy/docker-smoke.sh [--from-head]
 #     --from-head   build from the committed tree (git archive HEAD) instead of the checkout
 #   SKIP_BUILD=1 deploy/docker-smoke.sh   reuses an image built before ($IMAGE)
-# Needs podman (or ENGINE=docker) and a host attnserve-client (CLIENT=..., default
+# Needs docker or podman (ENGINE=..., default docker when present, else podman, as
+# deploy/docker-build.sh chooses) and a host attnserve-client (CLIENT=..., default
 # build/client/attnserve-client; deploy/build.sh makes it). The image is built by
 # deploy/docker-build.sh (which also copes with a host that has only debian:bookworm-slim).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ENGINE=${ENGINE:-podman}
+ENGINE=${ENGINE:-$(command -v docker >/dev/null && echo docker || echo podman)}
 IMAGE=${IMAGE:-attnserve:smoke}
 PORT=${PORT:-50551}
 CLIENT=${CLIENT:-build/client/attnserve-client}
