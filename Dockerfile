@@ -1,7 +1,7 @@
 # attnserve in a container: a build stage compiles the server and the client on Debian 12, the
 # runtime stage carries the two binaries and their runtime libraries only, as a non-root user.
 #
-#   deploy/docker-build.sh                            (podman or docker; see there)
+#   deploy/docker-build.sh                            (docker or podman; see there)
 #   podman run --rm -p 50051:50051 attnserve          (serves the built-in demo model)
 #   podman run --rm -p 50051:50051 -v /path/to/my.safetensors:/models/my.safetensors:ro \
 #     attnserve --listen 0.0.0.0:50051 --model my=/models/my.safetensors:num_heads=8
@@ -33,10 +33,14 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 # Nothing in the image is world-writable (the base's /tmp, /var/tmp and /run/lock are): the server
 # writes no files but an optional --port-file, so a compromised process has nowhere to drop one.
-# The same uid and gid (10001) as USER below and the Kubernetes securityContext: useradd's
-# --user-group alone would pick a system gid, leaving files owned by a group USER does not name.
+# The same uid and gid (10001) as USER below and the Kubernetes securityContext (runAsUser,
+# runAsGroup, fsGroup in deploy/k8s): useradd's --user-group alone would pick a system gid,
+# leaving files owned by a group USER does not name. A system account past Debian's system range
+# (SYS_UID_MAX 999), which useradd warns about unless the range is widened for this call (-K);
+# --no-log-init writes no lastlog/faillog entry.
 RUN groupadd --system --gid 10001 attnserve \
- && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin attnserve \
+ && useradd --system -K SYS_UID_MAX=10001 --uid 10001 --gid 10001 --no-log-init \
+      --no-create-home --shell /usr/sbin/nologin attnserve \
  && mkdir /models \
  && find / -xdev -perm -o+w ! -type l -exec chmod o-w {} + \
  && test -z "$(find / -xdev -perm -o+w ! -type l)"
