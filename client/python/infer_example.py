@@ -8,6 +8,13 @@ that the CMake build generates into build/python:
 
     /usr/bin/python3 client/python/infer_example.py --target localhost:50051 --model demo
 
+With TLS (trusting a CA; mTLS adds a client certificate) and a bearer token, which is better
+given through the environment than on the command line, where `ps` shows it (the same flags as
+example.py):
+
+    ATTNSERVE_TOKEN=... /usr/bin/python3 client/python/infer_example.py \
+        --target server.example:50051 --tls-ca ca.pem [--tls-cert client.pem --tls-key client.key]
+
 The stub directory comes from --stubs, else $ATTNSERVE_PY_STUBS, else ../../build/python
 relative to this file.
 """
@@ -60,6 +67,22 @@ def outputs(response):
     return result
 
 
+def open_channel(grpc, args):
+    """A plaintext channel, or TLS when --tls-ca is given (mTLS with --tls-cert/--tls-key)."""
+    # gRPC's 4 MiB default receive limit would refuse most answers.
+    options = [("grpc.max_receive_message_length", 256 << 20),
+               ("grpc.max_send_message_length", 256 << 20)]
+    if not args.tls_ca:
+        return grpc.insecure_channel(args.target, options=options)
+
+    def read(path):
+        return open(path, "rb").read() if path else None
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read(args.tls_ca), private_key=read(args.tls_key),
+        certificate_chain=read(args.tls_cert))
+    return grpc.secure_channel(args.target, credentials, options=options)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,18 +90,25 @@ def main():
     parser.add_argument("--model", default="demo")
     parser.add_argument("--stubs", default=os.environ.get(
         "ATTNSERVE_PY_STUBS", os.path.join(here, "..", "..", "build", "python")))
+    parser.add_argument("--tls-ca", help="PEM CA bundle: connect with TLS, trusting it")
+    parser.add_argument("--tls-cert", help="PEM client certificate, for mTLS")
+    parser.add_argument("--tls-key", help="PEM client key, for mTLS")
+    parser.add_argument("--token", default=os.environ.get("ATTNSERVE_TOKEN", ""),
+                        help="bearer token (default: $ATTNSERVE_TOKEN)")
     args = parser.parse_args()
 
     import grpc
     pb, pb_grpc = load_stubs(args.stubs)
-    channel = grpc.insecure_channel(args.target, options=[
-        ("grpc.max_receive_message_length", 256 << 20)])
-    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    stub = pb_grpc.GRPCInferenceServiceStub(open_channel(grpc, args))
+    # Every call carries the deadline and, when there is one, the token.
+    call = {"timeout": 30}
+    if args.token:
+        call["metadata"] = [("authorization", f"Bearer {args.token}")]
 
-    server = stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=30)
+    server = stub.ServerMetadata(pb.ServerMetadataRequest(), **call)
     print(f"server {server.name} {server.version}, extensions {list(server.extensions)}")
-    assert stub.ServerReady(pb.ServerReadyRequest(), timeout=30).ready
-    metadata = stub.ModelMetadata(pb.ModelMetadataRequest(name=args.model), timeout=30)
+    assert stub.ServerReady(pb.ServerReadyRequest(), **call).ready
+    metadata = stub.ModelMetadata(pb.ModelMetadataRequest(name=args.model), **call)
     for tensor in list(metadata.inputs) + list(metadata.outputs):
         print(f"  {tensor.name:16s} {tensor.datatype:5s} {list(tensor.shape)}")
     d_model = metadata.inputs[0].shape[-1]
@@ -91,7 +121,7 @@ def main():
     # 1. Causal, padded [B, S, d] with lengths, raw bytes: the answer comes as raw bytes.
     reply = stub.ModelInfer(infer_request(pb, args.model, "causal",
                                           {"input": x, "lengths": lengths}, request_id="a"),
-                            timeout=30)
+                            **call)
     causal = outputs(reply)["output"]
     print("causal output", causal.shape, "id", reply.id)
     assert reply.id == "a" and not causal[1, 2:].any(), "padded rows of the output are zero"
@@ -99,7 +129,7 @@ def main():
     # 2. The same in FP16 (half the bytes on the wire), answered in FP32.
     half = outputs(stub.ModelInfer(infer_request(
         pb, args.model, "causal", {"input": x.astype(np.float16), "lengths": lengths}),
-        timeout=30))["output"]
+        **call))["output"]
     print("fp16 input: largest difference to fp32", float(abs(half - causal).max()))
     assert half.dtype == np.float32 and np.allclose(half, causal, atol=2e-2)
 
@@ -111,13 +141,13 @@ def main():
                              "context_lengths": np.array([9, 5, 0], dtype=np.int32)},
                             raw=False)
     request.outputs.add(name="attention")
-    attention = outputs(stub.ModelInfer(request, timeout=30))["attention"]
+    attention = outputs(stub.ModelInfer(request, **call))["attention"]
     print("cross attention", attention.shape)
     assert np.allclose(attention[1, :, :2].sum(-1), 1, atol=1e-5), "valid rows sum to 1"
 
     # Errors come back as gRPC status codes.
     try:
-        stub.ModelInfer(infer_request(pb, "no-such-model", "causal", {"input": x}), timeout=30)
+        stub.ModelInfer(infer_request(pb, "no-such-model", "causal", {"input": x}), **call)
         raise AssertionError("an unknown model must fail")
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.NOT_FOUND, e
