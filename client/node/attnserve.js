@@ -34,15 +34,39 @@ function loadProto(protoPath = DEFAULT_PROTO) {
   return grpc.loadPackageDefinition(definition).attnserve.v1;
 }
 
+// Channel credentials: plaintext, or TLS when `tls.ca` is given (PEM, a Buffer or string),
+// trusting that CA; mTLS adds this client's `tls.cert` and `tls.key`.
+function channelCredentials(tls) {
+  if (!tls || !tls.ca) {
+    if (tls && (tls.cert || tls.key)) throw new Error('a client certificate needs TLS: give tls.ca too');
+    return grpc.credentials.createInsecure();
+  }
+  if (!tls.cert !== !tls.key) throw new Error('tls.cert and tls.key go together');
+  const pem = (v) => (v ? Buffer.from(v) : null);
+  return grpc.credentials.createSsl(pem(tls.ca), pem(tls.key), pem(tls.cert));
+}
+
+// An interceptor that sends `authorization: Bearer TOKEN` on every call (plaintext or TLS).
+function bearerToken(token) {
+  return (options, nextCall) => new grpc.InterceptingCall(nextCall(options), {
+    start(metadata, listener, next) {
+      metadata.set('authorization', `Bearer ${token}`);
+      next(metadata, listener);
+    },
+  });
+}
+
 // A client of attnserve.v1.AttentionService. gRPC's default 4 MiB receive limit would refuse
 // most answers (an attention tensor grows as S²): both limits are raised to maxMessageBytes.
+// `tls` ({ ca, cert, key }: PEM contents) and `token` (a bearer token) as the server asks.
 function connect(target, { protoPath, maxMessageBytes = 256 << 20, retry = true,
-                           lbPolicy = '' } = {}) {
+                           lbPolicy = '', tls = null, token = '' } = {}) {
   const v1 = loadProto(protoPath);
   const options = {
     'grpc.max_receive_message_length': maxMessageBytes,
     'grpc.max_send_message_length': maxMessageBytes,
   };
+  if (token) options.interceptors = [bearerToken(token)];
   if (retry) {
     options['grpc.service_config'] = JSON.stringify(lbPolicy
       ? { ...RETRY_SERVICE_CONFIG, loadBalancingConfig: [{ [lbPolicy]: {} }] }
@@ -56,7 +80,7 @@ function connect(target, { protoPath, maxMessageBytes = 256 << 20, retry = true,
       options['grpc.service_config'] = JSON.stringify({ loadBalancingConfig: [{ [lbPolicy]: {} }] });
     }
   }
-  return new v1.AttentionService(target, grpc.credentials.createInsecure(), options);
+  return new v1.AttentionService(target, channelCredentials(tls), options);
 }
 
 // Calls `method` on `client` as a Promise, with a deadline.

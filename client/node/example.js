@@ -8,7 +8,15 @@
 //   mkdir -p /tmp/attnserve-node && cp client/node/package*.json /tmp/attnserve-node/
 //   npm ci --prefix /tmp/attnserve-node
 //   NODE_PATH=/tmp/attnserve-node/node_modules node client/node/example.js
+//
+// With TLS (trusting a CA; mTLS adds a client certificate) and a bearer token, which is better
+// given through the environment than on the command line, where `ps` shows it (the same flags as
+// client/python/example.py):
+//   ATTNSERVE_TOKEN=... node client/node/example.js --target server.example:50051 \
+//     --tls-ca ca.pem [--tls-cert client.pem --tls-key client.key]
 'use strict';
+
+const fs = require('node:fs');
 
 const assert = require('node:assert/strict');
 const { parseArgs } = require('node:util');
@@ -47,8 +55,14 @@ async function main() {
     target: { type: 'string', default: 'localhost:50051' },
     model: { type: 'string', default: '' },
     proto: { type: 'string', default: attnserve.DEFAULT_PROTO },
+    'tls-ca': { type: 'string' },    // PEM CA bundle: connect with TLS, trusting it
+    'tls-cert': { type: 'string' },  // PEM client certificate, for mTLS
+    'tls-key': { type: 'string' },   // PEM client key, for mTLS
+    token: { type: 'string', default: process.env.ATTNSERVE_TOKEN || '' },  // bearer token
   } });
-  const client = attnserve.connect(args.target, { protoPath: args.proto });
+  const read = (file) => (file ? fs.readFileSync(file) : null);
+  const tls = { ca: read(args['tls-ca']), cert: read(args['tls-cert']), key: read(args['tls-key']) };
+  const client = attnserve.connect(args.target, { protoPath: args.proto, tls, token: args.token });
   const forward = (request) => attnserve.call(client, 'Forward', request);
 
   // Which model, and its widths.

@@ -4,8 +4,11 @@
 // 2. serves the PyTorch golden fixtures' torch.nn.MultiheadAttention weights and checks that the
 //    Node client's outputs and probabilities match PyTorch's (made by tests/fixtures/make_fixtures.py,
 //    not by attnserve), in both encodings and both layouts;
-// 3. checks that fromTensor reads raw bytes at an unaligned offset and writes little-endian.
-// Ends the server with SIGTERM and expects exit 0. NODE_PATH names the node_modules to use.
+// 3. checks that fromTensor reads raw bytes at an unaligned offset and writes little-endian;
+// 4. runs the example against a server with mutual TLS and bearer tokens (certificates made by
+//    openssl here): answered with the client certificate and the token (from ATTNSERVE_TOKEN,
+//    then from --token), UNAUTHENTICATED without the token, refused without the certificate.
+// Ends the servers with SIGTERM and expects exit 0. NODE_PATH names the node_modules to use.
 'use strict';
 
 const assert = require('node:assert/strict');
@@ -44,11 +47,11 @@ function maxDifference(a, b) {
   return a.reduce((m, v, i) => Math.max(m, Math.abs(v - b[i])), 0);
 }
 
-async function startServer(workdir, models) {
-  const portFile = path.join(workdir, 'port');
-  const log = fs.openSync(path.join(workdir, 'server.log'), 'w');
+async function startServer(workdir, models, extra = [], name = 'server') {
+  const portFile = path.join(workdir, `${name}.port`);
+  const log = fs.openSync(path.join(workdir, `${name}.log`), 'w');
   const proc = spawn(args.server, ['--listen', '127.0.0.1:0', '--port-file', portFile, '--threads', '2',
-    '--metrics-listen=off', ...models.map((m) => `--model=${m}`)], { stdio: ['ignore', log, log] });
+    '--metrics-listen=off', ...models.map((m) => `--model=${m}`), ...extra], { stdio: ['ignore', log, log] });
   let exited = null;
   proc.on('exit', (code) => { exited = code; });
   for (let i = 0; i < 600; i++) {
@@ -120,6 +123,72 @@ function checkRawBytes() {
   console.log('raw float32: unaligned little-endian bytes read and written correctly');
 }
 
+// SIGTERM, then the exit code (SIGKILL and null after 30 s).
+async function stopServer(server) {
+  server.proc.kill('SIGTERM');
+  for (let i = 0; i < 300 && server.exitCode() === null; i++) await new Promise((r) => setTimeout(r, 100));
+  if (server.exitCode() === null) server.proc.kill('SIGKILL');
+  return server.exitCode();
+}
+
+// A CA, a server certificate for localhost and a client certificate, both signed by the CA.
+function makeCertificates(dir) {
+  const openssl = (...argv) => {
+    const run = spawnSync('openssl', argv, { cwd: dir, encoding: 'utf8' });
+    assert.equal(run.status, 0, `openssl ${argv.join(' ')}: ${run.stderr}`);
+  };
+  openssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'ca.key', '-out', 'ca.pem',
+    '-days', '1', '-subj', '/CN=attnserve-test-ca');
+  fs.writeFileSync(path.join(dir, 'san.ext'), 'subjectAltName=DNS:localhost,IP:127.0.0.1\n');
+  for (const [name, subject, ext] of [['server', '/CN=localhost', ['-extfile', 'san.ext']],
+    ['client', '/CN=attnserve-test-client', []]]) {
+    openssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.csr`,
+      '-subj', subject);
+    openssl('x509', '-req', '-in', `${name}.csr`, '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial',
+      '-out', `${name}.pem`, '-days', '1', ...ext);
+  }
+  const file = (n) => path.join(dir, n);
+  return { ca: file('ca.pem'), cert: file('server.pem'), key: file('server.key'),
+    clientCert: file('client.pem'), clientKey: file('client.key') };
+}
+
+// example.js --tls-ca/--tls-cert/--tls-key with a token against a server with mTLS and tokens.
+async function checkExampleOverMtlsWithToken(workdir) {
+  const pem = makeCertificates(workdir);
+  const tokens = path.join(workdir, 'tokens');
+  fs.writeFileSync(tokens, 'node-token-1\n');
+  const server = await startServer(workdir, ['demo=built-in'], ['--tls-cert', pem.cert, '--tls-key', pem.key,
+    '--tls-client-ca', pem.ca, '--auth-token-file', tokens], 'mtls');
+  const target = server.target.replace('127.0.0.1', 'localhost');  // the name the certificate holds
+  const base = [args.example, '--target', target, '--model', 'demo', '--tls-ca', pem.ca];
+  const mtls = [...base, '--tls-cert', pem.clientCert, '--tls-key', pem.clientKey];
+  const env = { ...process.env };
+  delete env.ATTNSERVE_TOKEN;
+  const run = (argv, token) => spawnSync(process.execPath, argv, { encoding: 'utf8', timeout: 120000,
+    env: token ? { ...env, ATTNSERVE_TOKEN: token } : env });
+  let failure = null;
+  try {
+    let done = run(mtls, 'node-token-1');
+    assert.equal(done.status, 0, `with ATTNSERVE_TOKEN: exit ${done.status}\n${done.stdout}${done.stderr}`);
+    done = run([...mtls, '--token', 'node-token-1']);
+    assert.equal(done.status, 0, `with --token: exit ${done.status}\n${done.stderr}`);
+    done = run(mtls);
+    assert.ok(done.status !== 0 && /UNAUTHENTICATED/.test(done.stderr), `no token: ${done.stderr}`);
+    done = run([...base, '--token', 'node-token-1']);
+    assert.ok(done.status !== 0 && /UNAVAILABLE/.test(done.stderr), `no client certificate: ${done.stderr}`);
+    console.log('example.js over mTLS: answered with the token (ATTNSERVE_TOKEN or --token),',
+      'UNAUTHENTICATED without it, UNAVAILABLE without the client certificate');
+  } catch (e) {
+    failure = e;
+  }
+  const code = await stopServer(server);
+  if (failure) {
+    console.error(fs.readFileSync(path.join(workdir, 'mtls.log'), 'utf8').slice(-2000));
+    throw failure;
+  }
+  assert.equal(code, 0, `the mTLS attnserve exited ${code} on SIGTERM`);
+}
+
 async function main() {
   checkRawBytes();
   const workdir = fs.mkdtempSync(path.join(os.tmpdir(), 'attnserve-node-'));
@@ -136,16 +205,19 @@ async function main() {
   } catch (e) {
     failure = e;
   }
-  server.proc.kill('SIGTERM');
-  for (let i = 0; i < 300 && server.exitCode() === null; i++) await new Promise((r) => setTimeout(r, 100));
-  if (server.exitCode() === null) server.proc.kill('SIGKILL');
+  const code = await stopServer(server);
   const log = fs.readFileSync(path.join(workdir, 'server.log'), 'utf8');
-  fs.rmSync(workdir, { recursive: true, force: true });
   if (failure) {
+    fs.rmSync(workdir, { recursive: true, force: true });
     console.error(log.slice(-2000));
     throw failure;
   }
-  assert.equal(server.exitCode(), 0, `attnserve exited ${server.exitCode()} on SIGTERM`);
+  assert.equal(code, 0, `attnserve exited ${code} on SIGTERM`);
+  try {
+    await checkExampleOverMtlsWithToken(workdir);
+  } finally {
+    fs.rmSync(workdir, { recursive: true, force: true });
+  }
   console.log('ok');
 }
 
