@@ -44,6 +44,7 @@ class StepRun {
           const LoadOptions& options)
       : connections_(connections), work_(work), options_(options) {}
 
+  // Runs the step: its warm-up and window, then waits for every call sent to end.
   StepReport Run();
 
  private:
@@ -66,6 +67,21 @@ class StepRun {
   // The open loop's sender: sends each call at its time, whatever the answers do.
   void SendOpenLoop(int sender, int senders);
   StepProgress Progress(Clock::time_point now);
+
+  // Fills in what the report says of the load asked for, before any call.
+  void DescribeLoad();
+  // Sets the step's time points from now: the warm-up, then the window.
+  void StartClock();
+  // Open loop: starts the sender threads, returned to be joined.
+  std::vector<std::thread> StartSenders();
+  // Closed loop: fills the `concurrency` slots (fewer under a smaller count bound); from then
+  // on each answer sends the next call.
+  void LaunchFirstCalls();
+  // Waits until no sender sends and no call is in flight, opening the window and reporting
+  // progress on the way.
+  void WaitForEnd();
+  // Bounds the window and the elapsed time once every call has ended, and hands the report out.
+  StepReport CloseReport();
 
   const std::vector<const AttentionClient*>& connections_;
   const std::vector<WorkItem>& work_;
@@ -223,6 +239,20 @@ StepProgress StepRun::Progress(Clock::time_point now) {
 }
 
 StepReport StepRun::Run() {
+  DescribeLoad();
+  StartClock();
+  std::vector<std::thread> senders;
+  if (options_.mode == LoadMode::kOpen) {
+    senders = StartSenders();
+  } else {
+    LaunchFirstCalls();
+  }
+  WaitForEnd();
+  for (std::thread& sender : senders) sender.join();
+  return CloseReport();
+}
+
+void StepRun::DescribeLoad() {
   report_.mode = options_.mode;
   report_.arrival = options_.arrival;
   report_.concurrency = options_.mode == LoadMode::kClosed ? options_.concurrency : 0;
@@ -231,36 +261,43 @@ StepReport StepRun::Run() {
   report_.connections = static_cast<int>(connections_.size());
   const double window_seconds = absl::ToDoubleSeconds(options_.duration);
   report_.slice_seconds = window_seconds > 0 ? std::max(0.1, window_seconds / 60) : 1.0;
+}
 
+void StepRun::StartClock() {
   start_ = Clock::now();
   window_start_ = start_ + absl::ToChronoNanoseconds(options_.warmup);
   window_end_ = options_.duration > absl::ZeroDuration()
                     ? window_start_ + absl::ToChronoNanoseconds(options_.duration)
                     : Clock::time_point::max();
   last_counted_send_ = last_counted_answer_ = last_actual_send_ = window_start_;
-  std::vector<std::thread> senders;
-  if (options_.mode == LoadMode::kOpen) {
-    // A sender that wakes late sends every call already due at once (each timed from its own
-    // due time), so a stall inside gRPC delays those calls but not the rate.
-    const int count =
-        std::clamp(static_cast<int>(options_.rate / kCallsPerSender) + 1, 1, kMaxSenders);
-    senders_running_ = count;
-    for (int k = 0; k < count; ++k) senders.emplace_back(&StepRun::SendOpenLoop, this, k, count);
-  } else {
-    const bool counted = options_.warmup <= absl::ZeroDuration();
-    const int64_t first = counted && options_.max_requests > 0
-                              ? std::min<int64_t>(options_.concurrency, options_.max_requests)
-                              : options_.concurrency;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_ = first;
-      for (int64_t i = 0; counted && i < first; ++i) CountSent(start_, start_);
-      counted_started_ = counted ? first : 0;
-    }
-    for (int64_t i = 0; i < first; ++i) Launch(start_, counted);
-  }
+}
 
-  // Wait for the end, opening the window and reporting progress on the way.
+std::vector<std::thread> StepRun::StartSenders() {
+  // A sender that wakes late sends every call already due at once (each timed from its own
+  // due time), so a stall inside gRPC delays those calls but not the rate.
+  const int count =
+      std::clamp(static_cast<int>(options_.rate / kCallsPerSender) + 1, 1, kMaxSenders);
+  senders_running_ = count;
+  std::vector<std::thread> senders;
+  for (int k = 0; k < count; ++k) senders.emplace_back(&StepRun::SendOpenLoop, this, k, count);
+  return senders;
+}
+
+void StepRun::LaunchFirstCalls() {
+  const bool counted = options_.warmup <= absl::ZeroDuration();
+  const int64_t first = counted && options_.max_requests > 0
+                            ? std::min<int64_t>(options_.concurrency, options_.max_requests)
+                            : options_.concurrency;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_ = first;
+    for (int64_t i = 0; counted && i < first; ++i) CountSent(start_, start_);
+    counted_started_ = counted ? first : 0;
+  }
+  for (int64_t i = 0; i < first; ++i) Launch(start_, counted);
+}
+
+void StepRun::WaitForEnd() {
   bool window_open = options_.warmup <= absl::ZeroDuration();
   if (window_open && options_.window_started) options_.window_started();
   while (true) {
@@ -278,8 +315,9 @@ StepReport StepRun::Run() {
     }
     if (options_.progress) options_.progress(Progress(now));
   }
-  for (std::thread& sender : senders) sender.join();
+}
 
+StepReport StepRun::CloseReport() {
   std::lock_guard<std::mutex> lock(mu_);
   // The window ends at its time bound, or where the count bound stopped the sending.
   const bool count_bound_hit =

@@ -104,6 +104,30 @@ void AddLoadCommand(CLI::App& app, LoadFlags& f) {
                    "attnserve's http://HOST:PORT/metrics: the server's queue/compute split");
 }
 
+// The flags every subcommand shares, before the subcommand's name: where the server is, how
+// long to wait, TLS and the token.
+void AddConnectionFlags(CLI::App& app, ConnectionFlags& c) {
+  app.add_option("--target", c.target, "Server address host:port")->capture_default_str();
+  app.add_option("--timeout", c.timeout_seconds, "Deadline per call, seconds (0: none)")
+      ->capture_default_str();
+  app.add_option("--max-message-mib", c.max_message_mib, "Largest message accepted")
+      ->check(CLI::Range(1, 2047))
+      ->capture_default_str();
+  app.add_option("--lb-policy", c.lb_policy,
+                 "round_robin: spread calls over every address of the target (dns:///...)")
+      ->check(CLI::IsMember({"pick_first", "round_robin"}));
+  app.add_option("--tls-ca", c.tls_ca,
+                 "PEM CA bundle: connect with TLS, trusting servers it signed");
+  app.add_option("--tls-cert", c.tls_cert, "PEM client certificate chain, for mTLS");
+  app.add_option("--tls-key", c.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--token", c.token,
+                 "Bearer token sent on every call (better: the ATTNSERVE_TOKEN environment "
+                 "variable, which `ps` does not show)");
+  app.add_flag("--no-retry", c.no_retry,
+               "Do not retry Forward and ListModels on UNAVAILABLE (by default: up to 5 attempts, "
+               "backoff 0.1 s doubling to 1 s, e.g. on another replica when one dies)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,25 +137,7 @@ int main(int argc, char** argv) {
       "Exit status: 0 on success, else the gRPC status code's number (INVALID_ARGUMENT 3,\n"
       "NOT_FOUND 5, UNAVAILABLE 14, ...); `health` exits 0 only when the server is SERVING.");
   ConnectionFlags connection;
-  app.add_option("--target", connection.target, "Server address host:port")->capture_default_str();
-  app.add_option("--timeout", connection.timeout_seconds, "Deadline per call, seconds (0: none)")
-      ->capture_default_str();
-  app.add_option("--max-message-mib", connection.max_message_mib, "Largest message accepted")
-      ->check(CLI::Range(1, 2047))
-      ->capture_default_str();
-  app.add_option("--lb-policy", connection.lb_policy,
-                 "round_robin: spread calls over every address of the target (dns:///...)")
-      ->check(CLI::IsMember({"pick_first", "round_robin"}));
-  app.add_option("--tls-ca", connection.tls_ca,
-                 "PEM CA bundle: connect with TLS, trusting servers it signed");
-  app.add_option("--tls-cert", connection.tls_cert, "PEM client certificate chain, for mTLS");
-  app.add_option("--tls-key", connection.tls_key, "PEM private key of --tls-cert");
-  app.add_option("--token", connection.token,
-                 "Bearer token sent on every call (better: the ATTNSERVE_TOKEN environment "
-                 "variable, which `ps` does not show)");
-  app.add_flag("--no-retry", connection.no_retry,
-               "Do not retry Forward and ListModels on UNAVAILABLE (by default: up to 5 attempts, "
-               "backoff 0.1 s doubling to 1 s, e.g. on another replica when one dies)");
+  AddConnectionFlags(app, connection);
   ForwardFlags forward;
   AddForwardCommand(app, forward);
   LoadFlags load;

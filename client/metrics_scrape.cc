@@ -195,9 +195,16 @@ ServerDuration DiffHistogram(const std::vector<MetricSample>& before,
   return d;
 }
 
-}  // namespace
+// Where an http:// URL points: the host and port to dial, the Host header, the path to GET.
+struct HttpUrl {
+  std::string host;
+  std::string port = "80";
+  std::string authority;
+  std::string path;
+};
 
-absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeout) {
+// Splits http://HOST[:PORT][/PATH] (HOST may be [IPv6]); nothing but plain http.
+absl::StatusOr<HttpUrl> ParseHttpUrl(const std::string& url) {
   absl::string_view rest = url;
   if (!absl::ConsumePrefix(&rest, "http://")) {
     return absl::InvalidArgumentError(
@@ -205,40 +212,49 @@ absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeo
   }
   const size_t slash = rest.find('/');
   const absl::string_view authority = rest.substr(0, slash);
-  const std::string path = slash == absl::string_view::npos ? "/" : std::string(rest.substr(slash));
-  std::string host(authority), port = "80";
+  HttpUrl parsed;
+  parsed.authority = std::string(authority);
+  parsed.path = slash == absl::string_view::npos ? "/" : std::string(rest.substr(slash));
+  parsed.host = std::string(authority);
   if (absl::StartsWith(authority, "[")) {  // [::1]:9090
     const size_t close = authority.find(']');
     if (close == absl::string_view::npos)
       return absl::InvalidArgumentError("bad IPv6 address in URL");
-    host = std::string(authority.substr(1, close - 1));
-    if (authority.size() > close + 2) port = std::string(authority.substr(close + 2));
+    parsed.host = std::string(authority.substr(1, close - 1));
+    if (authority.size() > close + 2) parsed.port = std::string(authority.substr(close + 2));
   } else if (const size_t colon = authority.rfind(':'); colon != absl::string_view::npos) {
-    host = std::string(authority.substr(0, colon));
-    port = std::string(authority.substr(colon + 1));
+    parsed.host = std::string(authority.substr(0, colon));
+    parsed.port = std::string(authority.substr(colon + 1));
   }
-  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("no host in URL '", url, "'"));
+  if (parsed.host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("no host in URL '", url, "'"));
+  }
+  return parsed;
+}
 
-  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(timeout);
-  absl::StatusOr<int> fd = Dial(host, port, deadline);
-  if (!fd.ok()) return fd.status();
-  SocketCloser closer{*fd};
-  const std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", authority,
-                                           "\r\nAccept: text/plain\r\nConnection: close\r\n\r\n");
+// Sends all of `request` on the non-blocking socket before the deadline.
+absl::Status SendAll(int fd, const std::string& request, const std::string& url,
+                     std::chrono::steady_clock::time_point deadline) {
   for (size_t sent = 0; sent < request.size();) {
-    if (!WaitFor(*fd, POLLOUT, deadline)) return absl::DeadlineExceededError("sending to " + url);
-    const ssize_t n = send(*fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (!WaitFor(fd, POLLOUT, deadline)) return absl::DeadlineExceededError("sending to " + url);
+    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
     if (n < 0 && errno != EAGAIN && errno != EINTR) {
       return absl::UnavailableError(absl::StrCat("sending to ", url, ": ", std::strerror(errno)));
     }
     if (n > 0) sent += static_cast<size_t>(n);
   }
+  return absl::OkStatus();
+}
+
+// Reads the whole answer, until the server closes the connection (the request asked it to).
+absl::StatusOr<std::string> ReadAll(int fd, const std::string& url,
+                                    std::chrono::steady_clock::time_point deadline) {
   std::string response;
   char buffer[16384];
   while (true) {
-    if (!WaitFor(*fd, POLLIN, deadline)) return absl::DeadlineExceededError("reading " + url);
-    const ssize_t n = recv(*fd, buffer, sizeof(buffer), 0);
-    if (n == 0) break;
+    if (!WaitFor(fd, POLLIN, deadline)) return absl::DeadlineExceededError("reading " + url);
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n == 0) return response;
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
       return absl::UnavailableError(absl::StrCat("reading ", url, ": ", std::strerror(errno)));
@@ -246,6 +262,10 @@ absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeo
     response.append(buffer, static_cast<size_t>(n));
     if (response.size() > kMaxBody) return absl::ResourceExhaustedError(url + " answers too much");
   }
+}
+
+// The body of an HTTP/1.1 answer, which must be a 200, decoded when it came chunked.
+absl::StatusOr<std::string> HttpBody(const std::string& response, const std::string& url) {
   const size_t head_end = response.find("\r\n\r\n");
   if (head_end == std::string::npos) return absl::DataLossError(url + ": no HTTP header");
   const absl::string_view head(response.data(), head_end);
@@ -262,6 +282,24 @@ absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeo
     return Unchunk(body);
   }
   return std::string(body);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeout) {
+  absl::StatusOr<HttpUrl> parsed = ParseHttpUrl(url);
+  if (!parsed.ok()) return parsed.status();
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(timeout);
+  absl::StatusOr<int> fd = Dial(parsed->host, parsed->port, deadline);
+  if (!fd.ok()) return fd.status();
+  SocketCloser closer{*fd};
+  const std::string request =
+      absl::StrCat("GET ", parsed->path, " HTTP/1.1\r\nHost: ", parsed->authority,
+                   "\r\nAccept: text/plain\r\nConnection: close\r\n\r\n");
+  if (absl::Status s = SendAll(*fd, request, url, deadline); !s.ok()) return s;
+  absl::StatusOr<std::string> response = ReadAll(*fd, url, deadline);
+  if (!response.ok()) return response.status();
+  return HttpBody(*response, url);
 }
 
 absl::StatusOr<std::vector<MetricSample>> ParsePrometheusText(absl::string_view text) {
