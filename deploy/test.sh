@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh --test
+# npm (client_node_packages, deploy_k8s_packages) keeps its cache and logs in build/, not ~/.npm.
+export npm_config_cache="$PWD/build/npm-cache" npm_config_logs_dir="$PWD/build/npm-cache/_logs"
 deploy/build.sh -DATTNSERVE_BUILD_TESTS=ON -DATTNSERVE_BUILD_BENCH=ON  # build.sh alone: serving only
 ctest --test-dir build --output-on-failure
 # Suites with their own builds or time bounds go here, one line each.

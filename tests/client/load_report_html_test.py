@@ -85,10 +85,17 @@ def decode_png(data):
 
 
 def chromium(args, workdir):
+    """Headless chromium that writes only under workdir: its profile (--user-data-dir), and
+    what it keeps beside the profile (crashpad's settings in $XDG_CONFIG_HOME/chromium, dconf's
+    cache in $XDG_CACHE_HOME) in a home of its own."""
+    home = os.path.join(workdir, "home")
+    env = dict(os.environ, HOME=home, XDG_CONFIG_HOME=os.path.join(home, ".config"),
+               XDG_CACHE_HOME=os.path.join(home, ".cache"),
+               XDG_DATA_HOME=os.path.join(home, ".local", "share"))
     base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            "--disable-background-networking", "--no-first-run",
-            f"--user-data-dir={os.path.join(workdir, 'profile')}"]
-    return subprocess.run(base + args, capture_output=True, text=True, timeout=120)
+            "--disable-background-networking", "--no-first-run", "--disable-breakpad",
+            "--disable-crash-reporter", f"--user-data-dir={os.path.join(workdir, 'profile')}"]
+    return subprocess.run(base + args, capture_output=True, text=True, timeout=120, env=env)
 
 
 def main():
