@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The README's test command (what CI runs, .ci/run): installs what is missing (build and test
-# packages), builds with the test suites, runs every ctest suite, then the checks that need
-# their own build or a time bound (each a script of its own, listed below).
+# packages), checks the formatting, builds with the test suites, runs every ctest suite, then the
+# checks that need their own build or a time bound (each a script of its own, listed below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh --test
 # npm (client_node_packages, deploy_k8s_packages) keeps its cache and logs in build/, not ~/.npm.
 export npm_config_cache="$PWD/build/npm-cache" npm_config_logs_dir="$PWD/build/npm-cache/_logs"
+# Formatting first: a few seconds, and a misformatted file fails before minutes of build.
+deploy/check-format.sh
 deploy/build.sh -DATTNSERVE_BUILD_TESTS=ON -DATTNSERVE_BUILD_BENCH=ON  # build.sh alone: serving only
 ctest --test-dir build --output-on-failure
 # Suites with their own builds or time bounds go here, one line each.
