@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/client/process.h"
+#include "tests/client/shared_server.h"
 
 namespace attnserve::test {
 namespace {
@@ -20,10 +21,6 @@ constexpr int kNotFound = 5;
 constexpr int kResourceExhausted = 8;
 constexpr int kUnavailable = 14;
 
-std::string Describe(const ProgramResult& r) {
-  return absl::StrCat("exit ", r.exit_code, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
-}
-
 // Failed calls of a step or run, summed over its status codes.
 int64_t Failed(const nlohmann::json& report) {
   int64_t n = 0;
@@ -31,22 +28,10 @@ int64_t Failed(const nlohmann::json& report) {
   return n;
 }
 
-class BenchServerTest : public ::testing::Test {
+// `attnserve-client bench` against the demo model, one server (its log quiet) for the suite.
+class BenchServerTest : public SharedServerTest {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> started =
-        ServerProcess::Start(ATTNSERVE_SERVER_BIN, {"--threads", "2", "--log-level", "warn"});
-    ASSERT_TRUE(started.ok()) << started.status();
-    server_ = started->release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr);
-    dir_ = MakeTempDir();
-  }
+  static void SetUpTestSuite() { StartServer({"--threads", "2", "--log-level", "warn"}); }
   // Runs `attnserve-client --target SERVER bench ARGS`.
   ProgramResult Bench(std::vector<std::string> args, const std::string& target = "") {
     std::vector<std::string> argv = {ATTNSERVE_CLIENT_BIN, "--target",
@@ -63,11 +48,7 @@ class BenchServerTest : public ::testing::Test {
     EXPECT_FALSE(json.is_discarded()) << Describe(r);
     return json;
   }
-
-  static ServerProcess* server_;
-  std::string dir_;
 };
-ServerProcess* BenchServerTest::server_ = nullptr;
 
 TEST_F(BenchServerTest, OpenLoopPastCapacitySendsOnScheduleAndShowsTheQueue) {
   const std::vector<std::string> call = {"--random", "8,64", "--warmup-seconds", "0.2"};

@@ -2,7 +2,6 @@
 // exit codes, and its numbers against the PyTorch golden fixtures.
 #include <algorithm>
 #include <cmath>
-#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -10,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/client/process.h"
+#include "tests/client/shared_server.h"
 #include "tests/common/golden.h"
 
 namespace attnserve::test {
@@ -22,10 +22,6 @@ constexpr int kInvalidArgument = 3;
 constexpr int kDeadlineExceeded = 4;
 constexpr int kNotFound = 5;
 constexpr int kUnavailable = 14;
-
-std::string Describe(const ProgramResult& r) {
-  return absl::StrCat("exit ", r.exit_code, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
-}
 
 // Runs attnserve-client with `args` against `target`.
 ProgramResult Client(const std::string& target, std::vector<std::string> args) {
@@ -56,29 +52,12 @@ std::string WriteZeros(const std::string& path) {
   return path;
 }
 
-// One server for the whole suite: starting attnserve per test would dominate the run time.
-class DemoServerTest : public ::testing::Test {
+// attnserve-client's subcommands against the demo model, one server for the whole suite.
+class DemoServerTest : public SharedServerTest {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> started =
-        ServerProcess::Start(ATTNSERVE_SERVER_BIN, {"--threads", "2"});
-    ASSERT_TRUE(started.ok()) << started.status();
-    server_ = started->release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr);
-    dir_ = MakeTempDir();
-  }
+  static void SetUpTestSuite() { StartServer({"--threads", "2"}); }
   ProgramResult Run(std::vector<std::string> args) { return Client(server_->target(), args); }
-
-  static ServerProcess* server_;
-  std::string dir_;
 };
-ServerProcess* DemoServerTest::server_ = nullptr;
 
 TEST_F(DemoServerTest, HealthIsServing) {
   ProgramResult r = Run({"health"});

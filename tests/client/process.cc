@@ -58,6 +58,10 @@ int WaitBounded(pid_t pid, absl::Duration timeout) {
 
 }  // namespace
 
+std::string Describe(const ProgramResult& r) {
+  return absl::StrCat("exit ", r.exit_code, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
+}
+
 std::string MakeTempDir() {
   const char* base = std::getenv("TMPDIR");
   std::string pattern = absl::StrCat(base != nullptr ? base : "/tmp", "/attnserve-client-XXXXXX");

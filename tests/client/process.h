@@ -21,6 +21,9 @@ struct ProgramResult {
   std::string err;
 };
 
+// The exit code and both outputs, for a failed expectation's message.
+std::string Describe(const ProgramResult& r);
+
 // A fresh private directory under TMPDIR (or /tmp), for the files one test writes.
 std::string MakeTempDir();
 
