@@ -72,4 +72,11 @@ class Layer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether a call's `output` (Forward's, laid out as `input`: padded or packed, `width` wide)
+// is finite on every valid row: finite inputs can still overflow float32 inside the layer (say
+// values near 3e38), and a reply must never carry a NaN or an infinity as a result. Otherwise
+// InvalidArgument naming the first such sequence. One pass over the valid rows.
+absl::Status CheckOutputFinite(const RaggedBatch& input, std::span<const float> output,
+                               int64_t width);
+
 }  // namespace attnserve::core

@@ -176,4 +176,22 @@ absl::Status Layer::Validate(const ForwardArgs& args) const {
   return CheckCallSize(spec, args);
 }
 
+absl::Status CheckOutputFinite(const RaggedBatch& input, std::span<const float> output,
+                               int64_t width) {
+  const float* row = output.data();
+  for (int64_t b = 0; b < input.batch(); ++b) {
+    const int64_t count = input.lengths[b] * width;
+    float sum = 0.0f;
+    // inf * 0 and NaN * 0 are NaN: one vectorisable pass finds any non-finite value.
+    for (int64_t e = 0; e < count; ++e) sum += row[e] * 0.0f;
+    if (sum != sum) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", b, ": the output is not finite: the layer overflowed float32 on its "
+          "inputs (values this large cannot be computed; scale them down)"));
+    }
+    row += input.packed() ? count : input.padded_length * width;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace attnserve::core

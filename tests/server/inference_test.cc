@@ -674,6 +674,28 @@ TEST_F(InferRefusalTest, EachGetsItsStatusNamingTheTensorAndTheServerKeepsServin
   EXPECT_TRUE(Call(ValidInfer(true), &response).ok());
 }
 
+// A client's string comes back in a message at most ~100 bytes long, whatever its length: a
+// whole 100,000-byte kind would overflow the caller's metadata limit and turn the answer into a
+// RESOURCE_EXHAUSTED of the client's own making.
+TEST_F(InferRefusalTest, HugeClientStringsAreQuotedShort) {
+  const std::string huge(100'000, 'k');
+  std::vector<ModelInferRequest> requests(4, ValidInfer(true));
+  (*requests[0].mutable_parameters())["kind"].set_string_param(huge);
+  requests[1].mutable_inputs(0)->set_datatype(huge);
+  requests[2].add_outputs()->set_name(huge);
+  requests[3].set_model_version(huge);
+  for (const ModelInferRequest& request : requests) {
+    ModelInferResponse response;
+    const grpc::Status status = Call(request, &response);
+    EXPECT_TRUE(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+                status.error_code() == grpc::StatusCode::NOT_FOUND)
+        << status.error_code() << ": " << status.error_message().substr(0, 200);
+    EXPECT_LT(status.error_message().size(), 400u) << status.error_message().substr(0, 200);
+    EXPECT_NE(status.error_message().find("100000 bytes"), std::string::npos)
+        << status.error_message();
+  }
+}
+
 TEST_F(InferRefusalTest, BytesThatAreNotAModelInferRequestAreInvalidArgumentWithAMessage) {
   std::string valid;
   ASSERT_TRUE(ValidInfer(true).SerializeToString(&valid));

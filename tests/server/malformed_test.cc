@@ -274,5 +274,21 @@ TEST_F(MalformedTest, ANonFiniteValueIsReportedByItsPosition) {
       << status.error_message();
 }
 
+// Finite inputs near float32's limit overflow inside the layer: the call is refused naming the
+// sequence, never answered OK with NaN, and a merged neighbour of it is answered as usual.
+TEST_F(MalformedTest, AnOutputThatOverflowsFloat32IsRefusedNamingTheSequence) {
+  v1::ForwardRequest huge = ValidRequest();
+  for (int i = 4 * kDemoWidth; i < 8 * kDemoWidth; ++i) {
+    huge.mutable_input()->set_values(i, (i % 2 == 0 ? 3e38f : -3e38f));
+  }
+  v1::ForwardResponse response;
+  const grpc::Status status = Call(huge, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("sequence 1: the output is not finite"), std::string::npos)
+      << status.error_message();
+  ASSERT_TRUE(Call(ValidRequest(), &response).ok());
+  for (float v : response.output().values()) ASSERT_TRUE(std::isfinite(v));
+}
+
 }  // namespace
 }  // namespace attnserve::server::testing

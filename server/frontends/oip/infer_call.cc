@@ -11,11 +11,7 @@ absl::StatusOr<absl::string_view> InferCall::RequestedModel() {
                          {ModelInferRequest::kModelVersionFieldNumber, &version_}})) {
     return Malformed();
   }
-  if (!version_.empty() && version_ != kInferModelVersion) {
-    return absl::NotFoundError(absl::StrCat("model version '", version_.substr(0, 64),
-                                            "' is not served; every model is version ",
-                                            kInferModelVersion));
-  }
+  if (absl::Status version = CheckModelVersion(version_); !version.ok()) return version;
   return absl::string_view(model_);
 }
 

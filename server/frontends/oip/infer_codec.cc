@@ -10,6 +10,7 @@
 #include "core/layer_spec.h"
 #include "core/float16.h"
 #include "server/frontends/tensor_codec.h"
+#include "server/observability/logging.h"
 
 namespace attnserve::server {
 namespace {
@@ -27,8 +28,9 @@ using Parameters = google::protobuf::Map<std::string, InferParameter>;
 constexpr const char* kInputNames[] = {kInferInput, kInferLengths, kInferContext,
                                        kInferContextLengths};
 
+// The client's names and strings are quoted Clipped: a huge one cannot swell the error.
 absl::Status Invalid(absl::string_view tensor, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "': ", what));
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", Clipped(tensor), "': ", what));
 }
 
 // The shape of `tensor`.
@@ -63,7 +65,7 @@ absl::StatusOr<const float*> FloatData(const TensorSource& source, int64_t count
   const bool half = type == "FP16" || type == "BF16";
   if (type != "FP32" && !half) {
     return Invalid(tensor.name(),
-                   absl::StrCat("datatype '", type, "' is not served; send FP32, FP16 or BF16"));
+                   absl::StrCat("datatype '", Clipped(type), "' is not served; send FP32, FP16 or BF16"));
   }
   if (source.raw == nullptr) {
     if (half) {
@@ -111,7 +113,7 @@ absl::StatusOr<std::span<const int32_t>> LengthsData(const TensorSource& source,
   const InputTensor& tensor = *source.tensor;
   if (tensor.datatype() != "INT32") {
     return Invalid(tensor.name(),
-                   absl::StrCat("datatype '", tensor.datatype(), "' is not served; send INT32"));
+                   absl::StrCat("datatype '", Clipped(tensor.datatype()), "' is not served; send INT32"));
   }
   if (tensor.shape_size() != 1 || tensor.shape(0) < 0) {
     return Invalid(tensor.name(), absl::StrCat("shape must be [B], got [",
@@ -146,7 +148,7 @@ absl::Status DecodeBatch(const TensorSource& data, const TensorSource* lengths,
                          core::RaggedBatch* batch) {
   const std::string& name = data.tensor->name();
   absl::StatusOr<int64_t> count =
-      ElementCount(Shape(*data.tensor), absl::StrCat("tensor '", name, "'"));
+      ElementCount(Shape(*data.tensor), absl::StrCat("tensor '", Clipped(name), "'"));
   if (!count.ok()) return count.status();
   absl::StatusOr<const float*> floats = FloatData(data, *count, copy);
   if (!floats.ok()) return floats.status();
@@ -156,7 +158,7 @@ absl::Status DecodeBatch(const TensorSource& data, const TensorSource* lengths,
     if (!read.ok()) return read.status();
     given = *read;
   }
-  return MakeBatch(Shape(*data.tensor), *floats, given, absl::StrCat("tensor '", name, "'"), batch);
+  return MakeBatch(Shape(*data.tensor), *floats, given, absl::StrCat("tensor '", Clipped(name), "'"), batch);
 }
 
 // The `kind` parameter: a string naming the kind; bidirectional when absent, so tools that
@@ -172,7 +174,8 @@ absl::StatusOr<core::AttentionKind> KindParameter(const Parameters& parameters) 
     std::vector<std::string> names;
     for (core::AttentionKind k : core::kAttentionKinds) names.emplace_back(core::KindName(k));
     return absl::InvalidArgumentError(absl::StrCat("parameter 'kind': unknown kind '",
-                                                   it->second.string_param(), "'; one of ",
+                                                   Clipped(it->second.string_param()),
+                                                   "'; one of ",
                                                    absl::StrJoin(names, ", ")));
   }
   return *kind;
@@ -201,13 +204,14 @@ absl::Status ChooseOutputs(const ModelInferRequest& request, bool return_attenti
   for (const auto& requested : request.outputs()) {
     const std::string& name = requested.name();
     if (name != kInferOutput && name != kInferAttention) {
-      return absl::InvalidArgumentError(absl::StrCat("requested output '", name,
+      return absl::InvalidArgumentError(absl::StrCat("requested output '", Clipped(name),
                                                      "' is not an output of the model (",
                                                      kInferOutput, ", ", kInferAttention, ")"));
     }
     if (std::find(decoded->outputs.begin(), decoded->outputs.end(), name) !=
         decoded->outputs.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("output '", name, "' requested twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("output '", Clipped(name), "' requested twice"));
     }
     decoded->outputs.push_back(name);
   }
@@ -315,6 +319,13 @@ absl::StatusOr<ForwardBuffers> PrepareInferResponse(const ModelInferRequest& req
     buffers.output = decoded->output_scratch;
   }
   return buffers;
+}
+
+absl::Status CheckModelVersion(absl::string_view version) {
+  if (version.empty() || version == kInferModelVersion) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("model version '", Clipped(version),
+                                          "' is not served; every model is version ",
+                                          kInferModelVersion));
 }
 
 }  // namespace attnserve::server

@@ -58,4 +58,8 @@ absl::StatusOr<ForwardBuffers> PrepareInferResponse(const inference::ModelInferR
                                                     const core::ForwardShapes& shapes,
                                                     inference::ModelInferResponse* response);
 
+// NotFound for a model_version other than empty (the newest) or the one every model is
+// served as; the one check of it for every method.
+absl::Status CheckModelVersion(absl::string_view version);
+
 }  // namespace attnserve::server

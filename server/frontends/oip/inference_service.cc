@@ -95,11 +95,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
 
 absl::StatusOr<ServedModel*> InferenceService::FindModel(const std::string& name,
                                                          const std::string& version) const {
-  if (!version.empty() && version != kInferModelVersion) {
-    return absl::NotFoundError(absl::StrCat("model version '", version.substr(0, 64),
-                                            "' is not served; every model is version ",
-                                            kInferModelVersion));
-  }
+  if (absl::Status status = CheckModelVersion(version); !status.ok()) return status;
   return admission_->registry().Find(name);
 }
 
