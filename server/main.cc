@@ -78,6 +78,12 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "merge with (unless --max-batch-tokens are queued sooner); 0 = run at once, "
                  "merging only calls already waiting")
       ->capture_default_str();
+  app.add_option("--queue-delay-target-ms", o.queue_delay_target_ms,
+                 "Overload: once every call starting a run has waited longer than this for "
+                 "100 ms, calls with a deadline that would wait longer are refused at once "
+                 "(RESOURCE_EXHAUSTED); calls whose deadline the queued work makes impossible "
+                 "are refused (DEADLINE_EXCEEDED) whatever this is; 0 = no target")
+      ->capture_default_str();
   app.add_option("--max-connection-age", o.max_connection_age_s,
                  "Seconds after which a client connection is closed (gracefully, +-10 % jitter) "
                  "so clients reconnect and re-resolve, reaching replicas added since; 0 = never")

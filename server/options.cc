@@ -116,6 +116,10 @@ absl::Status CheckOptions(const ServerOptions& options) {
   if (options.max_batch_tokens < 0) {
     return absl::InvalidArgumentError("--max-batch-tokens must be >= 0");
   }
+  if (options.queue_delay_target_ms < 0 || options.queue_delay_target_ms > 600'000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--queue-delay-target-ms must be 0 to 600000, got ", options.queue_delay_target_ms));
+  }
   if (options.max_queue_delay_us < 0 || options.max_queue_delay_us > 10'000'000) {
     return absl::InvalidArgumentError("--max-queue-delay-us must be in 0..10000000 (10 s)");
   }

@@ -35,6 +35,8 @@ struct ServerOptions {
   // dynamic batching: token target per run; 0: none
   int64_t max_batch_tokens = SchedulerOptions{}.max_batch_tokens;
   int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
+  // overload: the queueing delay a model tolerates standing (CoDel's target); 0: none
+  int64_t queue_delay_target_ms = SchedulerOptions{}.queue_delay_target.count();
   TlsFiles tls;                          // main port: TLS / mTLS when set
   std::string auth_token_file;           // main port: bearer tokens, one a line, when set
   std::string health_listen;             // HOST:PORT of a plaintext health-only port, when set

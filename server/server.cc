@@ -131,7 +131,8 @@ absl::Status Server::Init(const ServerOptions& options) {
   const SchedulerOptions scheduler_options{
       .max_queue = options.max_queue,
       .max_batch_tokens = options.max_batch_tokens,
-      .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us)};
+      .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us),
+      .queue_delay_target = std::chrono::milliseconds(options.queue_delay_target_ms)};
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry = ModelRegistry::Load(
       options.models, scheduler_options, options.compute_threads, reporter_.get());
   if (!registry.ok()) return registry.status();

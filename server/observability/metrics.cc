@@ -188,6 +188,16 @@ struct Metrics::Families {
                          .Name("attnserve_batch_tokens")
                          .Help("Query tokens one compute run held.")
                          .Register(r)),
+        shed(prometheus::BuildCounter()
+                 .Name("attnserve_shed_total")
+                 .Help("Calls answered without compute so that calls that can still be served "
+                       "are, by model and reason (queue_full, deadline, queue_delay, expired).")
+                 .Register(r)),
+        late_compute(prometheus::BuildCounter()
+                         .Name("attnserve_late_compute_seconds_total")
+                         .Help("Compute time spent on calls answered after their deadline, "
+                               "in seconds (a share of each run, by the call's tokens).")
+                         .Register(r)),
         queue_depth(prometheus::BuildGauge()
                         .Name("attnserve_queue_depth")
                         .Help("Calls queued for compute now, by model.")
@@ -209,6 +219,8 @@ struct Metrics::Families {
   Family<Histogram>& compute_duration;
   Family<Histogram>& batch_calls;
   Family<Histogram>& batch_tokens;
+  Family<Counter>& shed;
+  Family<Counter>& late_compute;
   Family<Gauge>& queue_depth;
   Gauge& inflight;
   Family<Gauge>& model_info;
@@ -224,6 +236,10 @@ ModelMetrics::ModelMetrics(Metrics* metrics, std::string name) : name_(std::move
   compute_duration_ = &f.compute_duration.Add(model, Metrics::DurationBuckets());
   batch_calls_ = &f.batch_calls.Add(model, BatchCallBuckets());
   batch_tokens_ = &f.batch_tokens.Add(model, BatchTokenBuckets());
+  for (int reason = 0; reason < kShedReasons; ++reason) {
+    shed_[reason] = &f.shed.Add({{"model", name_}, {"reason", kShedReasonNames[reason]}});
+  }
+  late_compute_ = &f.late_compute.Add(model);
 }
 
 void ModelMetrics::SetQueueDepth(int calls) {
@@ -241,6 +257,16 @@ void ModelMetrics::ComputeRun(int calls, int64_t tokens, double seconds) {
   compute_duration_->Observe(seconds);
   batch_calls_->Observe(calls);
   batch_tokens_->Observe(static_cast<double>(tokens));
+}
+
+void ModelMetrics::Shed(ShedReason reason) {
+  if (queue_depth_ == nullptr) return;
+  shed_[static_cast<int>(reason)]->Increment();
+}
+
+void ModelMetrics::LateCompute(double seconds) {
+  if (queue_depth_ == nullptr) return;
+  late_compute_->Increment(seconds);
 }
 
 Metrics::Metrics(bool enabled) : enabled_(enabled) {

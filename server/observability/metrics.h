@@ -34,6 +34,18 @@ namespace attnserve::server {
 
 class Metrics;
 
+// Why a call was answered without compute to protect the calls that can still be served
+// (attnserve_shed_total's reason label, kShedReasonNames).
+enum class ShedReason {
+  kQueueFull,   // --max-queue calls already queued
+  kDeadline,    // its deadline would pass before its run could end, given the work ahead
+  kQueueDelay,  // the model is overloaded and the call would wait past the target delay
+  kExpired,     // its deadline passed while it was queued
+};
+inline constexpr int kShedReasons = 4;
+inline constexpr const char* kShedReasonNames[kShedReasons] = {"queue_full", "deadline",
+                                                               "queue_delay", "expired"};
+
 // One served model's series. A call for a model the server does not have is recorded on the
 // handle whose model label is "" (Metrics::ForModel), so clients cannot create series.
 class ModelMetrics {
@@ -51,6 +63,13 @@ class ModelMetrics {
   // `seconds`.
   void ComputeRun(int calls, int64_t tokens, double seconds);
 
+  // A call was shed for `reason` (attnserve_shed_total).
+  void Shed(ShedReason reason);
+
+  // `seconds` of compute went to calls answered after their deadline
+  // (attnserve_late_compute_seconds_total): work no caller waited for.
+  void LateCompute(double seconds);
+
  private:
   friend class Metrics;
   static constexpr int kKinds = 5;   // core::AttentionKind's four, then "" (not known)
@@ -65,6 +84,8 @@ class ModelMetrics {
   prometheus::Histogram* compute_duration_ = nullptr;
   prometheus::Histogram* batch_calls_ = nullptr;
   prometheus::Histogram* batch_tokens_ = nullptr;
+  std::array<prometheus::Counter*, kShedReasons> shed_{};
+  prometheus::Counter* late_compute_ = nullptr;
   // Made on first use, so the exposition lists only the kinds and codes that happened.
   std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kKinds> requests_{};
   std::array<std::atomic<prometheus::Counter*>, kKinds> tokens_{};

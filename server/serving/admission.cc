@@ -26,7 +26,7 @@ void Admission::Admit(Job* job) {
   }
   const std::string& name = (*model)->name;
   absl::Status status = job->CheckAlive();
-  if (status.ok()) status = (*model)->scheduler->Reserve();
+  if (status.ok()) status = (*model)->scheduler->Reserve(job->deadline());
   if (!status.ok()) {
     reporter_->Answer(*job, name, /*decoded=*/false, status, {});
     return;
@@ -57,8 +57,7 @@ absl::Status Admission::Queue(Job* job, ServedModel& model) {
                                                      " bytes, over the limit of ", max_reply_bytes_,
                                                      " (--max-message-mib)"));
   }
-  model.scheduler->Submit(job);
-  return absl::OkStatus();
+  return model.scheduler->Submit(job);
 }
 
 }  // namespace attnserve::server

@@ -10,10 +10,11 @@
 namespace attnserve::server {
 
 // The one way into compute, for every frontend. It decides, in this order, each in one place:
-// shutting down? which model? room in its queue? deadline already passed? — all before the
-// call's tensors are decoded, so refusals cost next to nothing — then decode (the frontend's
-// codec), validate once against the layer (shapes, lengths, kind, finiteness), check the reply
-// fits the message limit, and queue. Every job handed in is answered exactly once: here when
+// shutting down? which model? deadline already passed? room in its queue, and time before the
+// deadline for the work already queued (the scheduler's measured cost)? — all before the call's
+// tensors are decoded, so refusals cost next to nothing — then decode (the frontend's codec),
+// validate once against the layer (shapes, lengths, kind, finiteness), check the reply fits the
+// message limit, and queue unless the call's own run would end past its deadline. Every job handed in is answered exactly once: here when
 // refused, by the scheduler otherwise.
 class Admission {
  public:

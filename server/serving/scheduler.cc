@@ -40,6 +40,16 @@ absl::Status ComputeFailed(const std::exception& e) {
   return absl::InternalError(absl::StrCat("compute failed: ", e.what()));
 }
 
+// How long CoDel watches the calls starting runs before it judges the queue (its interval).
+constexpr std::chrono::milliseconds kQueueDelayInterval(100);
+
+// Whole milliseconds, for messages.
+int64_t Ms(double seconds) { return static_cast<int64_t>(seconds * 1000 + 0.5); }
+
+double SecondsBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
 }  // namespace
 
 void Job::CallerGone() {
@@ -71,16 +81,70 @@ Scheduler::~Scheduler() {
   executor_->Remove(this);
 }
 
-absl::Status Scheduler::Reserve() {
+absl::Status Scheduler::Reserve(Clock::time_point deadline) {
   std::lock_guard lock(mu_);
   if (closed_) return absl::UnavailableError("the server is shutting down");
   const int held = static_cast<int>(queue_.size()) + reserved_;
   if (held >= options_.max_queue) {
+    metrics_.Shed(ShedReason::kQueueFull);
     return absl::ResourceExhaustedError(
         absl::StrCat("model '", model_name_, "' has ", held, " calls queued (--max-queue)"));
   }
+  if (deadline != Clock::time_point::max()) {
+    const Clock::time_point now = Clock::now();
+    const double wait = WaitLocked(now);
+    if (MissesLocked(now, deadline, 0)) {
+      metrics_.Shed(ShedReason::kDeadline);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "refused at once: model '", model_name_, "' has about ", Ms(wait),
+          " ms of work ahead of the call, and its deadline is ",
+          Ms(std::max(0.0, SecondsBetween(now, deadline))), " ms away"));
+    }
+    if (overloaded_ && wait > std::chrono::duration<double>(options_.queue_delay_target).count()) {
+      metrics_.Shed(ShedReason::kQueueDelay);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "model '", model_name_, "' is overloaded: about ", Ms(wait),
+          " ms of work is queued, over its target delay of ", options_.queue_delay_target.count(),
+          " ms (--queue-delay-target-ms); retry later or on another replica"));
+    }
+  }
   ++reserved_;
   return absl::OkStatus();
+}
+
+double Scheduler::WaitLocked(Clock::time_point now) const {
+  double wait = computing_ ? std::max(0.0, SecondsBetween(now, run_end_)) : 0.0;
+  if (!queue_.empty()) {
+    const int64_t runs = options_.max_batch_tokens > 0
+                             ? (queued_tokens_ + options_.max_batch_tokens - 1) /
+                                   options_.max_batch_tokens
+                             : static_cast<int64_t>(queue_.size());
+    wait += cost_.Estimate(queued_tokens_, runs);
+  }
+  return wait;
+}
+
+bool Scheduler::MissesLocked(Clock::time_point now, Clock::time_point deadline,
+                             int64_t tokens) const {
+  if (deadline == Clock::time_point::max()) return false;
+  if (deadline <= now) return true;
+  if (!cost_.known()) return false;
+  const double needed = WaitLocked(now) + (tokens > 0 ? cost_.Estimate(tokens) : 0.0);
+  return needed > SecondsBetween(now, deadline);
+}
+
+void Scheduler::TrackQueueDelayLocked(Clock::time_point now, double waited_seconds) {
+  if (options_.queue_delay_target.count() == 0) return;
+  if (now >= interval_end_) {
+    // The interval is over: overloaded when even its least-waiting call waited past the target
+    // (a standing queue, not a burst that drains).
+    overloaded_ = interval_end_ != Clock::time_point() &&
+                  min_wait_seconds_ > std::chrono::duration<double>(options_.queue_delay_target).count();
+    interval_end_ = now + kQueueDelayInterval;
+    min_wait_seconds_ = waited_seconds;
+    return;
+  }
+  min_wait_seconds_ = std::min(min_wait_seconds_, waited_seconds);
 }
 
 void Scheduler::Release() {
@@ -89,10 +153,18 @@ void Scheduler::Release() {
   if (reserved_ == 0 && queue_.empty() && running_ == 0) idle_cv_.notify_all();
 }
 
-void Scheduler::Submit(Job* job) {
+absl::Status Scheduler::Submit(Job* job) {
   {
     std::lock_guard lock(mu_);
     const int64_t tokens = Tokens(job->args());
+    const Clock::time_point now = Clock::now();
+    if (MissesLocked(now, job->deadline(), tokens)) {
+      metrics_.Shed(ShedReason::kDeadline);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "refused at once: model '", model_name_, "' would end the call's run in about ",
+          Ms(WaitLocked(now) + cost_.Estimate(tokens)), " ms, after its deadline (",
+          Ms(std::max(0.0, SecondsBetween(now, job->deadline()))), " ms away)"));
+    }
     queue_.push_back({job, tokens});
     --reserved_;
     queued_tokens_ += tokens;
@@ -103,6 +175,7 @@ void Scheduler::Submit(Job* job) {
   // The caller may have left between admission and now: CallerGone saw no queue then.
   if (job->gone_.load()) Cancel(job);
   executor_->Notify();
+  return absl::OkStatus();
 }
 
 void Scheduler::Cancel(Job* job) {
@@ -118,6 +191,7 @@ void Scheduler::Cancel(Job* job) {
   }
   absl::Status why = job->CheckAlive();
   if (why.ok()) why = absl::CancelledError("the caller cancelled the call");
+  if (absl::IsDeadlineExceeded(why)) metrics_.Shed(ShedReason::kExpired);
   Answer(job, why);
   Finished(1);
 }
@@ -144,12 +218,17 @@ int Scheduler::pending() const {
 Clock::time_point Scheduler::ReadyAt(Clock::time_point now) const {
   std::lock_guard lock(mu_);
   if (queue_.empty()) return Clock::time_point::max();
-  // A queued call whose deadline passes must leave then, even inside a delay window.
-  Clock::time_point first_deadline = Clock::time_point::max();
+  // A queued call must leave as soon as its run could no longer end before its deadline, even
+  // inside a delay window: it is answered then, not when its turn comes.
+  Clock::time_point latest_start = Clock::time_point::max();
   for (const Queued& queued : queue_) {
-    first_deadline = std::min(first_deadline, queued.job->deadline());
+    const Clock::time_point deadline = queued.job->deadline();
+    if (deadline == Clock::time_point::max()) continue;
+    const auto run = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(cost_.Estimate(queued.tokens)));
+    latest_start = std::min(latest_start, deadline - run);
   }
-  return std::min(RunStartLocked(now), first_deadline);
+  return std::min(RunStartLocked(now), latest_start);
 }
 
 Clock::time_point Scheduler::RunStartLocked(Clock::time_point now) const {
@@ -162,39 +241,52 @@ Clock::time_point Scheduler::RunStartLocked(Clock::time_point now) const {
 }
 
 void Scheduler::RunNext(Clock::time_point now) {
-  std::vector<Job*> dead, expired, jobs;
+  std::vector<Dropped> dropped;
+  std::vector<Job*> jobs;
   {
     std::lock_guard lock(mu_);
-    jobs = TakeLocked(now, &dead, &expired);
+    jobs = TakeLocked(now, &dropped);
     // Every call taken counts as running until answered, so Join waits for its answer.
-    running_ += static_cast<int>(jobs.size() + dead.size() + expired.size());
+    running_ += static_cast<int>(jobs.size() + dropped.size());
     metrics_.SetQueueDepth(static_cast<int>(queue_.size()));
+    if (!jobs.empty()) TrackQueueDelayLocked(now, SecondsBetween(jobs.front()->arrival(), now));
+    if (queue_.empty()) overloaded_ = false;  // nothing stands in the queue
   }
-  for (Job* job : dead) Answer(job, job->CheckAlive(now));
-  for (Job* job : expired) {
-    Answer(job, absl::UnavailableError("the server shut down before the call could run"));
-  }
+  for (Dropped& drop : dropped) Answer(drop.job, drop.status);
   if (!jobs.empty()) Run(jobs);
-  Finished(static_cast<int>(jobs.size() + dead.size() + expired.size()));
+  Finished(static_cast<int>(jobs.size() + dropped.size()));
 }
 
-std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Job*>* dead,
-                                        std::vector<Job*>* expired) {
-  // Calls whose caller left (or whose deadline passed, which OnCancel may not have said yet),
-  // and after the drain's grace every call, leave without compute.
+std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Dropped>* dropped) {
+  // Calls whose caller left, whose deadline passed (which OnCancel may not have said yet) or
+  // would pass before their run could end, and after the drain's grace every call, leave
+  // without compute.
   const bool grace_over = closed_ && now > drain_deadline_;
   for (auto it = queue_.begin(); it != queue_.end();) {
-    const bool alive = !grace_over && it->job->CheckAlive(now).ok();
-    if (alive) {
+    Job* job = it->job;
+    absl::Status why = job->CheckAlive(now);
+    if (grace_over) {
+      why = absl::UnavailableError("the server shut down before the call could run");
+    } else if (absl::IsDeadlineExceeded(why)) {
+      metrics_.Shed(ShedReason::kExpired);
+    } else if (why.ok() && cost_.known() && job->deadline() != Clock::time_point::max() &&
+               cost_.Estimate(it->tokens) > SecondsBetween(now, job->deadline())) {
+      metrics_.Shed(ShedReason::kDeadline);
+      why = absl::DeadlineExceededError(
+          absl::StrCat("answered without compute: its run would take about ",
+                       Ms(cost_.Estimate(it->tokens)), " ms and its deadline is ",
+                       Ms(SecondsBetween(now, job->deadline())), " ms away"));
+    }
+    if (why.ok()) {
       ++it;
       continue;
     }
-    (grace_over ? expired : dead)->push_back(it->job);
+    dropped->push_back({job, std::move(why)});
     queued_tokens_ -= it->tokens;
     it = queue_.erase(it);
   }
   std::vector<Job*> jobs;
-  if (queue_.empty() || RunStartLocked(now) > now) return jobs;  // only dead calls were due
+  if (queue_.empty() || RunStartLocked(now) > now) return jobs;  // only dropped calls were due
   jobs.push_back(queue_.front().job);
   int64_t tokens = queue_.front().tokens;
   queued_tokens_ -= tokens;
@@ -202,7 +294,11 @@ std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Job*>
   const core::ForwardArgs& head = jobs.front()->args();
   if (options_.max_batch_tokens <= 0 || head.return_attention) return jobs;
   for (auto it = queue_.begin(); it != queue_.end();) {
-    if (Mergeable(head, it->job->args()) && tokens + it->tokens <= options_.max_batch_tokens) {
+    // A call joins only if the larger run still ends before its deadline and the others'.
+    const bool fits = Mergeable(head, it->job->args()) &&
+                      tokens + it->tokens <= options_.max_batch_tokens &&
+                      !RunMissesLocked(now, jobs, it->job, tokens + it->tokens);
+    if (fits) {
       tokens += it->tokens;
       queued_tokens_ -= it->tokens;
       jobs.push_back(it->job);
@@ -214,10 +310,25 @@ std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Job*>
   return jobs;
 }
 
+bool Scheduler::RunMissesLocked(Clock::time_point now, const std::vector<Job*>& jobs,
+                                const Job* joining, int64_t tokens) const {
+  if (!cost_.known()) return false;
+  const Clock::time_point end = now + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(cost_.Estimate(tokens)));
+  if (joining->deadline() < end) return true;
+  return std::any_of(jobs.begin(), jobs.end(), [end](const Job* job) { return job->deadline() < end; });
+}
+
 void Scheduler::Run(const std::vector<Job*>& jobs) {
   RunInfo run;
   run.batch_calls = static_cast<int>(jobs.size());
   for (Job* job : jobs) run.batch_tokens += Tokens(job->args());
+  {
+    std::lock_guard lock(mu_);
+    computing_ = true;
+    run_end_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(cost_.Estimate(run.batch_tokens)));
+  }
   if (jobs.size() == 1) {
     RunOne(jobs.front(), run);
   } else {
@@ -225,20 +336,39 @@ void Scheduler::Run(const std::vector<Job*>& jobs) {
   }
 }
 
+void Scheduler::RunDone(const std::vector<Job*>& jobs, const RunInfo& run) {
+  metrics_.ComputeRun(run.batch_calls, run.batch_tokens, run.compute_seconds);
+  const Clock::time_point now = Clock::now();
+  double late_tokens = 0;
+  for (const Job* job : jobs) {
+    if (job->deadline() < now) late_tokens += static_cast<double>(Tokens(job->args()));
+  }
+  if (late_tokens > 0 && run.batch_tokens > 0) {
+    metrics_.LateCompute(run.compute_seconds * late_tokens / static_cast<double>(run.batch_tokens));
+  }
+  std::lock_guard lock(mu_);
+  cost_.Observe(run.batch_tokens, run.compute_seconds);
+  computing_ = false;
+}
+
 void Scheduler::RunOne(Job* job, RunInfo run) {
   const Clock::time_point start = Clock::now();
   run.queue_seconds = std::chrono::duration<double>(start - job->arrival()).count();
   absl::Status status;
   try {
-    absl::StatusOr<ForwardBuffers> buffers = job->Buffers(layer_->Shapes(job->args()));
+    const core::ForwardShapes shapes = layer_->Shapes(job->args());
+    absl::StatusOr<ForwardBuffers> buffers = job->Buffers(shapes);
     status = buffers.ok()
                  ? layer_->ForwardValidated(job->args(), buffers->output, buffers->attention)
                  : buffers.status();
+    if (status.ok()) {
+      status = core::CheckOutputFinite(job->args().input, buffers->output, shapes.output_width);
+    }
   } catch (const std::exception& e) {
     status = ComputeFailed(e);
   }
   run.compute_seconds = SecondsSince(start);
-  metrics_.ComputeRun(run.batch_calls, run.batch_tokens, run.compute_seconds);
+  RunDone({job}, run);
   Answer(job, status, run);
 }
 
@@ -265,7 +395,7 @@ void Scheduler::RunMerged(const std::vector<Job*>& jobs, RunInfo run) {
     status = ComputeFailed(e);
   }
   run.compute_seconds = SecondsSince(start);
-  metrics_.ComputeRun(run.batch_calls, run.batch_tokens, run.compute_seconds);
+  RunDone(jobs, run);
   // Each call's rows back into its own reply, in its own layout (padded rows stay 0).
   const int64_t width = shapes.output_width;
   const float* src = output.data();
@@ -290,16 +420,16 @@ absl::Status Scheduler::CopyRowsBack(Job* job, const float* rows, int64_t width)
     if (input.packed()) {
       const int64_t count = input.total_length() * width;
       if (count > 0) std::memcpy(buffers->output.data(), rows, count * sizeof(float));
-      return absl::OkStatus();
+    } else {
+      for (int64_t b = 0; b < input.batch(); ++b) {
+        const int64_t count = input.lengths[b] * width;
+        if (count == 0) continue;
+        std::memcpy(buffers->output.data() + b * input.padded_length * width, rows,
+                    count * sizeof(float));
+        rows += count;
+      }
     }
-    for (int64_t b = 0; b < input.batch(); ++b) {
-      const int64_t count = input.lengths[b] * width;
-      if (count == 0) continue;
-      std::memcpy(buffers->output.data() + b * input.padded_length * width, rows,
-                  count * sizeof(float));
-      rows += count;
-    }
-    return absl::OkStatus();
+    return core::CheckOutputFinite(input, buffers->output, width);
   } catch (const std::exception& e) {
     return ComputeFailed(e);
   }

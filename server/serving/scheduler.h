@@ -14,6 +14,7 @@
 #include "server/serving/call_reporter.h"
 #include "server/serving/compute_executor.h"
 #include "server/serving/job.h"
+#include "server/serving/run_cost.h"
 
 namespace attnserve::server {
 
@@ -25,6 +26,11 @@ struct SchedulerOptions {
   // unless max_batch_tokens are queued sooner (Triton's max_queue_delay_microseconds); 0: runs
   // start as soon as the executor is free, merging only the calls already waiting.
   std::chrono::microseconds max_queue_delay{0};
+  // The queueing delay a model tolerates standing (CoDel's target): once every call that
+  // started a run in the last 100 ms had waited longer, the model is overloaded and a call with
+  // a deadline that would wait longer than this is refused at once. 0: off. Calls without a
+  // deadline are bounded by max_queue alone.
+  std::chrono::milliseconds queue_delay_target{200};
 };
 
 // One model's queue and batching policy. It holds only live calls: a call whose caller leaves is
@@ -44,15 +50,18 @@ class Scheduler final : public RunQueue {
 
   const std::string& model_name() const { return model_name_; }
 
-  // Holds a queue place for a call about to be decoded, so a full queue is found before any
-  // work is spent on the call: Unavailable once closed, ResourceExhausted when full. The place
-  // is used by Submit or given back by Release.
-  absl::Status Reserve();
+  // Holds a queue place for a call about to be decoded, so a full queue or a deadline that
+  // the work already queued makes impossible is found before any work is spent on the call:
+  // Unavailable once closed, ResourceExhausted when full or overloaded (past the target delay),
+  // DeadlineExceeded when the work ahead outlasts `deadline`. The place is used by Submit or
+  // given back by Release.
+  absl::Status Reserve(Clock::time_point deadline = Clock::time_point::max());
   void Release();
 
-  // Queues `job`, which holds a place from Reserve and has been decoded and validated. Never
-  // blocks on compute.
-  void Submit(Job* job);
+  // Queues `job`, which holds a place from Reserve and has been decoded and validated; or,
+  // now that its own size is known, refuses it (DeadlineExceeded) when it cannot finish before
+  // its deadline, and the caller gives the place back. Never blocks on compute.
+  absl::Status Submit(Job* job);
 
   // Answers `job` (Cancelled or DeadlineExceeded) and frees its place, if it is still queued;
   // does nothing otherwise (it is running or answered).
@@ -87,15 +96,33 @@ class Scheduler final : public RunQueue {
     Job* job;
     int64_t tokens;
   };
+  // A call leaving the queue without compute, and its answer.
+  struct Dropped {
+    Job* job;
+    absl::Status status;
+  };
 
   // When the queued calls' run may start (the delay window); the queue is not empty.
   Clock::time_point RunStartLocked(Clock::time_point now) const;
-  std::vector<Job*> TakeLocked(Clock::time_point now, std::vector<Job*>* dead,
-                               std::vector<Job*>* expired);
+  // Seconds until the work already queued and running is done, by the runs' measured cost.
+  double WaitLocked(Clock::time_point now) const;
+  // Whether a call of `tokens` that starts now ends after `deadline` (never before the first
+  // run was measured).
+  bool MissesLocked(Clock::time_point now, Clock::time_point deadline, int64_t tokens) const;
+  // CoDel's state: overloaded while the calls starting runs all waited past the target.
+  void TrackQueueDelayLocked(Clock::time_point now, double waited_seconds);
+  std::vector<Job*> TakeLocked(Clock::time_point now, std::vector<Dropped>* dropped);
+  // Whether a run of `tokens` holding `jobs` and `joining`, started now, ends after one of
+  // their deadlines.
+  bool RunMissesLocked(Clock::time_point now, const std::vector<Job*>& jobs, const Job* joining,
+                       int64_t tokens) const;
   void Run(const std::vector<Job*>& jobs);
   void RunOne(Job* job, RunInfo run);
   void RunMerged(const std::vector<Job*>& jobs, RunInfo run);
-  // Copies a merged run's rows of `job` (packed, from `rows`) into its reply, in its layout.
+  // A run is done: its cost is learnt, and compute spent on calls past their deadline counted.
+  void RunDone(const std::vector<Job*>& jobs, const RunInfo& run);
+  // Copies a merged run's rows of `job` (packed, from `rows`) into its reply, in its layout,
+  // and checks them finite (core::CheckOutputFinite).
   absl::Status CopyRowsBack(Job* job, const float* rows, int64_t width);
   void Answer(Job* job, const absl::Status& status, const RunInfo& run = {});
   void Finished(int count);
@@ -115,6 +142,13 @@ class Scheduler final : public RunQueue {
   int running_ = 0;                  // guarded by mu_
   bool closed_ = false;              // guarded by mu_
   Clock::time_point drain_deadline_ = Clock::time_point::max();  // guarded by mu_
+  RunCost cost_;                                                 // guarded by mu_
+  bool computing_ = false;                                       // guarded by mu_
+  Clock::time_point run_end_;  // guarded by mu_: when the run under way should end
+  // CoDel (guarded by mu_): the least wait of the calls that started runs this interval.
+  Clock::time_point interval_end_;
+  double min_wait_seconds_ = 0;
+  bool overloaded_ = false;
 };
 
 }  // namespace attnserve::server

@@ -10,12 +10,16 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/weights.h"
 #include "gtest/gtest.h"
 #include "server/serving/compute_executor.h"
+#include "server/serving/run_cost.h"
+#include "tests/server/scrape.h"
 
 namespace attnserve::server::testing {
 namespace {
@@ -123,7 +127,7 @@ class RecordingReporter final : public CallReporter {
 // Admission's part, as the scheduler expects it: a queue place first, then Submit.
 void Queue(Scheduler& scheduler, FakeJob& job) {
   ASSERT_TRUE(scheduler.Reserve().ok());
-  scheduler.Submit(&job);
+  ASSERT_TRUE(scheduler.Submit(&job).ok());
 }
 
 SchedulerOptions Options(int64_t tokens, milliseconds delay, int max_queue = 128) {
@@ -277,6 +281,120 @@ TEST(SchedulerTest, ModelsTakeTurnsOnOneExecutor) {
   const std::vector<std::string> expected = {"first", "second", "first", "second",
                                              "first", "second", "first"};
   EXPECT_EQ(order, expected);
+}
+
+// --- Overload: deadlines against the measured cost of runs ---------------------------------
+
+// Runs `count` calls of `lengths` (no deadline) to the end, so the scheduler has measured runs.
+void Warm(Scheduler& scheduler, const std::vector<int64_t>& lengths, int64_t padded, int count) {
+  for (int i = 0; i < count; ++i) {
+    FakeJob job(lengths, padded, i);
+    Queue(scheduler, job);
+    ASSERT_TRUE(job.Wait().value_or(absl::UnknownError("no answer")).ok());
+  }
+}
+
+TEST(SchedulerOverloadTest, ADeadlineTheQueuedWorkCannotMeetIsRefusedAtOnceBeforeDecode) {
+  ComputeExecutor executor(1);
+  std::unique_ptr<Metrics> metrics = Metrics::Create();
+  absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status();
+  CallReporter reporter(metrics.get());
+  Scheduler scheduler("m", DemoLayer(), Options(0, milliseconds(0)), &executor, &reporter);
+  Warm(scheduler, {512, 512, 512, 512}, 512, 3);
+  // Many runs' worth of work queued, no deadline: far more than 5 ms.
+  std::vector<std::unique_ptr<FakeJob>> backlog;
+  for (int i = 0; i < 16; ++i) {
+    backlog.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, i));
+    Queue(scheduler, *backlog.back());
+  }
+  // Reserve is what admission asks before the call's tensors are decoded.
+  const Clock::time_point start = Clock::now();
+  const absl::Status refused = scheduler.Reserve(Clock::now() + milliseconds(5));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDeadlineExceeded) << refused;
+  EXPECT_NE(refused.message().find("refused at once"), absl::string_view::npos) << refused;
+  EXPECT_LT(Clock::now() - start, milliseconds(5)) << "a refusal waits for nothing";
+  // With its size known (after decode), a call whose own run outlasts its deadline is refused
+  // too, and gives its place back.
+  ASSERT_TRUE(scheduler.Reserve().ok());
+  FakeJob late({512, 512, 512, 512}, 512, 99, Clock::now() + milliseconds(5));
+  EXPECT_EQ(scheduler.Submit(&late).code(), absl::StatusCode::kDeadlineExceeded);
+  scheduler.Release();
+  // A call without a deadline is queued as before.
+  FakeJob patient({16}, 16, 100);
+  Queue(scheduler, patient);
+  for (auto& job : backlog) EXPECT_TRUE(job->Wait().value_or(absl::UnknownError("")).ok());
+  EXPECT_TRUE(patient.Wait().value_or(absl::UnknownError("")).ok());
+  absl::StatusOr<std::map<std::string, double>> samples = Scrape(*port);
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  EXPECT_EQ((*samples)[SeriesKey("attnserve_shed_total", {{"model", "m"}, {"reason", "deadline"}})],
+            2);
+}
+
+TEST(SchedulerOverloadTest, ComputeForACallAnsweredAfterItsDeadlineIsCountedLate) {
+  ComputeExecutor executor(1);
+  std::unique_ptr<Metrics> metrics = Metrics::Create();
+  absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status();
+  CallReporter reporter(metrics.get());
+  const std::string late_key = SeriesKey("attnserve_late_compute_seconds_total", {{"model", "m"}});
+  double late = 0;
+  // Before any run is measured nothing is refused on a guess, so a call whose deadline is
+  // shorter than its run runs and ends late. (A fresh scheduler each try: a slow machine may
+  // let the deadline pass before the run starts, and then the call leaves without compute.)
+  for (int attempt = 0; attempt < 5 && late == 0; ++attempt) {
+    Scheduler scheduler("m", DemoLayer(), Options(0, milliseconds(0)), &executor, &reporter);
+    FakeJob job(std::vector<int64_t>(8, 1024), 1024, attempt, Clock::now() + milliseconds(20));
+    Queue(scheduler, job);
+    ASSERT_TRUE(job.Wait().has_value());
+    absl::StatusOr<std::map<std::string, double>> samples = Scrape(*port);
+    ASSERT_TRUE(samples.ok()) << samples.status();
+    late = (*samples)[late_key];
+  }
+  EXPECT_GT(late, 0.0);
+}
+
+TEST(SchedulerOverloadTest, AStandingQueuePastTheTargetRefusesCallsWithADeadline) {
+  ComputeExecutor executor(1);
+  CallReporter reporter;
+  SchedulerOptions options = Options(0, milliseconds(0));
+  options.queue_delay_target = milliseconds(1);
+  Scheduler scheduler("m", DemoLayer(), options, &executor, &reporter);
+  Warm(scheduler, {512, 512, 512, 512}, 512, 2);
+  std::vector<std::unique_ptr<FakeJob>> backlog;
+  for (int i = 0; i < 40; ++i) {
+    backlog.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, i));
+    Queue(scheduler, *backlog.back());
+  }
+  // Every call starting a run has waited past 1 ms for over 100 ms: overloaded. A call with a
+  // generous deadline is refused for the delay it would wait, not for its deadline.
+  std::this_thread::sleep_for(milliseconds(250));
+  ASSERT_GT(scheduler.pending(), 1) << "the backlog ran out before the test could look";
+  const absl::Status refused = scheduler.Reserve(Clock::now() + seconds(60));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("overloaded"), absl::string_view::npos) << refused;
+  // Without a deadline a call is bounded by --max-queue alone.
+  EXPECT_TRUE(scheduler.Reserve().ok());
+  scheduler.Release();
+  for (auto& job : backlog) EXPECT_TRUE(job->Wait().value_or(absl::UnknownError("")).ok());
+}
+
+TEST(RunCostTest, LearnsTheFixedAndPerTokenPartsOfARun) {
+  RunCost cost;
+  EXPECT_FALSE(cost.known());
+  EXPECT_EQ(cost.Estimate(1000), 0.0) << "nothing is refused on a guess";
+  // Runs cost 1 ms + 2 us a token.
+  for (int i = 0; i < 200; ++i) {
+    const int64_t tokens = 16 + (i * 37) % 2000;
+    cost.Observe(tokens, 1e-3 + 2e-6 * tokens);
+  }
+  EXPECT_NEAR(cost.Estimate(1000), 3e-3, 1e-5);
+  EXPECT_NEAR(cost.Estimate(1000, /*runs=*/3), 5e-3, 1e-5);
+  // Runs of one size only: the whole cost is per token.
+  RunCost same;
+  for (int i = 0; i < 10; ++i) same.Observe(100, 1e-3);
+  EXPECT_NEAR(same.Estimate(100), 1e-3, 1e-9);
+  EXPECT_NEAR(same.Estimate(200), 2e-3, 1e-9);
 }
 
 }  // namespace
