@@ -222,7 +222,7 @@ int WaitForStop(attnserve::server::Server& server, const sigset_t& signals) {
 [[noreturn]] void DrainAndExit(attnserve::server::Server& server, const sigset_t& signals,
                                int signal, std::chrono::seconds grace) {
   if (listener_lost.load()) {
-    server.Shutdown(grace, std::chrono::milliseconds(0));
+    server.Drain(grace, std::chrono::milliseconds(0));
     std::_Exit(kExitListenerLost);
   }
   attnserve::server::Log(LogLevel::kInfo, "signal received",
@@ -236,11 +236,11 @@ int WaitForStop(attnserve::server::Server& server, const sigset_t& signals) {
     std::_Exit(1);
   }).detach();
   // Half a second of UNAVAILABLE for late callers, so that a call racing the signal is refused
-  // by us (retryable) rather than cut by gRPC's shutdown.
-  server.Shutdown(grace, std::chrono::milliseconds(500));
-  // Every call is answered and its reply flushed, and the log flushes each line. Destroying the
-  // gRPC server would now run grpc_shutdown, which can wait out a poller's timer for up to 10 s
-  // after large calls: nothing is left that the process's exit does not release.
+  // by us (retryable). Then the process exits without gRPC's own shutdown: from its start until
+  // a client reads its GOAWAY, gRPC cancels every new call (CANCELLED, which no retry policy
+  // retries); a closed connection is UNAVAILABLE instead. Every accepted call is answered and
+  // its reply flushed by now, and the log flushes each line.
+  server.Drain(grace, std::chrono::milliseconds(500));
   std::_Exit(0);
 }
 

@@ -246,10 +246,14 @@ void Server::ReloadTokens() {
 
 Server::~Server() { Shutdown(); }
 
-void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds lame_duck) {
+void Server::Drain(std::chrono::milliseconds grace, std::chrono::milliseconds lame_duck) {
   std::lock_guard lock(shutdown_mu_);
-  if (shut_down_ || grpc_server_ == nullptr) return;
-  shut_down_ = true;
+  DrainLocked(grace, lame_duck);
+}
+
+void Server::DrainLocked(std::chrono::milliseconds grace, std::chrono::milliseconds lame_duck) {
+  if (drained_ || grpc_server_ == nullptr) return;
+  drained_ = true;
   const auto start = std::chrono::steady_clock::now();
   Log(LogLevel::kInfo, "shutting down: draining calls", {{"address", address_}});
   // The listener is about to close on purpose: its watchdog must not take that for deafness.
@@ -262,6 +266,17 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
   // The lame duck counts from the end of the drain: however long the drain took, a call that
   // arrives now is still refused UNAVAILABLE by the service, not cut by gRPC's shutdown.
   std::this_thread::sleep_for(lame_duck);
+  // main exits without destructors: what the summaries still count is written now.
+  reporter_->FlushLog();
+  FlushLibraryLogs();
+  Log(LogLevel::kInfo, "drained", {{"address", address_}});
+}
+
+void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds lame_duck) {
+  std::lock_guard lock(shutdown_mu_);
+  if (shut_down_ || grpc_server_ == nullptr) return;
+  DrainLocked(grace, lame_duck);
+  shut_down_ = true;
   // Every accepted call is answered by now; gRPC only has replies to flush. It would otherwise
   // wait out the whole grace for idle client connections to close.
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::min(grace, kFlushTime));
@@ -270,9 +285,6 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
     health_server_->Shutdown(std::chrono::system_clock::now());
     health_server_->Wait();
   }
-  // main exits without destructors: what the summaries still count is written now.
-  reporter_->FlushLog();
-  FlushLibraryLogs();
   Log(LogLevel::kInfo, "stopped", {{"address", address_}});
 }
 

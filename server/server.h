@@ -60,12 +60,18 @@ class Server {
   // Calls accepted and not yet answered (queued or computing), over every model.
   int pending_calls() const { return registry_->pending(); }
 
-  // Graceful stop: health NOT_SERVING, new calls UNAVAILABLE, queued and running calls finish;
-  // calls still queued when `grace` ends are answered UNAVAILABLE (a running computation
-  // finishes). The service keeps answering new calls UNAVAILABLE for at least `lame_duck`
-  // (clients and load balancers move away), counted from the end of the drain however long it
-  // took, before gRPC stops, since gRPC's own shutdown cuts a call that reaches it then as
-  // CANCELLED. The health port answers NOT_SERVING throughout and stops last. Idempotent.
+  // The graceful stop's first half: health NOT_SERVING, new calls UNAVAILABLE, queued and
+  // running calls finish; calls still queued when `grace` ends are answered UNAVAILABLE (a
+  // running computation finishes). New calls keep being refused UNAVAILABLE for at least
+  // `lame_duck` (clients and load balancers move away), counted from the end of the drain
+  // however long it took. gRPC still runs: a process that exits now (main, after SIGTERM)
+  // never has gRPC's own shutdown cut a call that arrives as CANCELLED; its connections close
+  // with the process, and their callers see UNAVAILABLE. Idempotent.
+  void Drain(std::chrono::milliseconds grace = std::chrono::seconds(30),
+             std::chrono::milliseconds lame_duck = std::chrono::milliseconds(0));
+
+  // Drain, then stop gRPC (replies flushed, connections closed) and the health port, which
+  // answers NOT_SERVING until then: for a process that goes on (tests, embedding). Idempotent.
   void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(30),
                 std::chrono::milliseconds lame_duck = std::chrono::milliseconds(0));
 
@@ -74,6 +80,7 @@ class Server {
   // The steps of Start, in order; on failure Start stops what they started.
   absl::Status Init(const ServerOptions& options);
   absl::Status StartMainPort(const ServerOptions& options);
+  void DrainLocked(std::chrono::milliseconds grace, std::chrono::milliseconds lame_duck);
   absl::Status StartHealthPort(const ServerOptions& options);
   void StartWatchers(const ServerOptions& options);
   void SetServing(bool serving);
@@ -97,6 +104,7 @@ class Server {
   int health_port_ = 0;
   std::string address_;
   std::mutex shutdown_mu_;
+  bool drained_ = false;    // guarded by shutdown_mu_
   bool shut_down_ = false;  // guarded by shutdown_mu_
   // Polls the token file for changes until shutdown.
   std::unique_ptr<PeriodicThread> token_reloader_;

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -184,6 +186,55 @@ TEST(ProcessTest, HelpDocumentsTheModelOptions) {
         "--log-level", "--log-format", "--max-message-mib", "--port-file", "--max-queue"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
+}
+
+// A rolling update: 64 callers keep calling through SIGTERM until the process is gone. Each call
+// ends OK (computed) or UNAVAILABLE (refused: the one code a retry policy retries, so a client
+// moves to another replica), never CANCELLED or anything else, whenever in the drain it
+// arrives, including when the listener closes.
+TEST(ProcessTest, EveryCallInADrainEndsOkOrUnavailable) {
+  const std::string port_file = TempPath("drain.port");
+  ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--metrics-listen", "off",
+                     "--shutdown-grace", "5"},
+                    TempPath("drain.log"));
+  const int port = child.WaitForPort(port_file, seconds(20));
+  ASSERT_GT(port, 0) << child.Output();
+  constexpr int kCallers = 64;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < 8; ++i) channels.push_back(Connect(port));
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<grpc::StatusCode, int> codes;
+  std::map<std::string, int> odd;  // the messages of codes other than OK and UNAVAILABLE
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      auto stub = v1::AttentionService::NewStub(channels[i % channels.size()]);
+      const v1::ForwardRequest request = DemoRequest(1, 16 << (i % 4));
+      while (!stop.load()) {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + seconds(20));
+        v1::ForwardResponse response;
+        const grpc::Status status = stub->Forward(&context, request, &response);
+        std::lock_guard lock(mu);
+        ++codes[status.error_code()];
+        if (!status.ok() && status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+          ++odd[std::to_string(status.error_code()) + " " + status.error_message()];
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(500));
+  child.Signal(SIGTERM);
+  const int exit_code = child.Wait(seconds(30));
+  // The callers go on past the exit: calls after it find no server (UNAVAILABLE).
+  std::this_thread::sleep_for(milliseconds(300));
+  stop.store(true);
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(exit_code, 0) << child.Output();
+  EXPECT_GT(codes[grpc::StatusCode::OK], kCallers) << "the load did not run before the signal";
+  EXPECT_GT(codes[grpc::StatusCode::UNAVAILABLE], 0);
+  for (const auto& [what, count] : odd) ADD_FAILURE() << count << " calls ended " << what;
 }
 
 // grpcurl-style clients find a method by reflection: every service the binary lists must be
