@@ -2,17 +2,21 @@
 // and owning it lets every malformed file become a Status instead of an exception or a crash.
 #include "core/safetensors.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <system_error>
 #include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "core/float16.h"
 #include "core/guarded.h"
@@ -33,8 +37,8 @@ constexpr uint64_t kMaxHeaderBytes = 100 * 1024 * 1024;
 // tensors, a whole model's file hundreds to a few thousand; PyTorch's weights have rank <= 4)
 // and cap what a header can make us build at about 100 MB. Checked on the text, before parsing.
 constexpr int64_t kMaxTensors = 16384;
-constexpr int64_t kMaxRank = 8;              // items in any list of an entry (shape, offsets)
-constexpr int64_t kMaxEntryKeys = 8;         // a tensor's entry has 3 (dtype, shape, offsets)
+constexpr int64_t kMaxRank = 8;       // items in any list of an entry (shape, offsets)
+constexpr int64_t kMaxEntryKeys = 8;  // a tensor's entry has 3 (dtype, shape, offsets)
 constexpr int64_t kMaxMetadataEntries = 1024;
 
 using Json = nlohmann::json;
@@ -139,8 +143,27 @@ absl::Status CheckEntrySize(const std::string& path, const TensorEntry& entry) {
   return absl::OkStatus();
 }
 
-// The tensors must tile the data section exactly: no byte shared, no byte unused, none past
-// the end. Gaps and overlaps are how a truncated or hand-edited file shows itself.
+// Each tensor's data must lie within the file. Checked for every tensor before sizes and
+// coverage: a tensor moved past the end (an offset of 1e12) leaves a gap where it should have
+// been, and the gap, found first in offset order, was blamed on its innocent neighbour.
+absl::Status CheckWithinFile(const std::string& path, const std::vector<TensorEntry>& entries,
+                             uint64_t data_bytes, uint64_t file_bytes) {
+  for (const TensorEntry& entry : entries) {
+    if (entry.end > data_bytes) {
+      return InvalidTensor(
+          path, entry.name,
+          absl::StrCat("its data lies past the end of the file: data_offsets [", entry.begin, ", ",
+                       entry.end, "] reach byte ", entry.end,
+                       " of the data section, but the file (", file_bytes, " bytes) holds only ",
+                       data_bytes, " bytes of data after its header"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The tensors must tile the data section exactly: no byte shared, no byte unused. Gaps and
+// overlaps are how a truncated or hand-edited file shows itself. Every tensor is within the
+// data section already (CheckWithinFile).
 absl::Status CheckCoverage(const std::string& path, std::vector<TensorEntry>& entries,
                            uint64_t data_bytes) {
   std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
@@ -148,11 +171,6 @@ absl::Status CheckCoverage(const std::string& path, std::vector<TensorEntry>& en
   });
   uint64_t covered = 0;
   for (const TensorEntry& entry : entries) {
-    if (entry.end > data_bytes) {
-      return InvalidTensor(path, entry.name,
-                           absl::StrCat("data_offsets end ", entry.end,
-                                        " is past the data section (", data_bytes, " bytes)"));
-    }
     if (entry.begin < covered) {
       return InvalidTensor(path, entry.name, "data overlaps the previous tensor's");
     }
@@ -233,10 +251,10 @@ absl::Status CheckItemCounts(const std::string& path, const HeaderLevel* levels,
                          absl::StrCat("header entry has more than ", kMaxEntryKeys, " items"));
   }
   if (depth == 3 && level.items > kMaxRank) {
-    return InvalidTensor(path, tensor,
-                         absl::StrCat("'", NameForMessage(levels[2].key), "' has more than ",
-                                      kMaxRank, " items (a shape has at most ", kMaxRank,
-                                      " dimensions)"));
+    return InvalidTensor(
+        path, tensor,
+        absl::StrCat("'", NameForMessage(levels[2].key), "' has more than ", kMaxRank,
+                     " items (a shape has at most ", kMaxRank, " dimensions)"));
   }
   return absl::OkStatus();
 }
@@ -300,10 +318,21 @@ absl::Status ParseHeader(const std::string& path, const std::string& text, Safet
     }
     absl::StatusOr<TensorEntry> entry = ParseEntry(path, name, value);
     if (!entry.ok()) return entry.status();
-    if (absl::Status s = CheckEntrySize(path, *entry); !s.ok()) return s;
     entries.push_back(*std::move(entry));
   }
   return absl::OkStatus();
+}
+
+// Checks where the header puts the tensors against the file: within it first (an offset past the
+// end is the clearest sign of a truncated or corrupt file, and would otherwise surface as a size
+// or a gap), then each size against its shape and dtype, then that they tile the data exactly.
+absl::Status CheckLayout(const std::string& path, std::vector<TensorEntry>& entries,
+                         uint64_t data_bytes, uint64_t file_bytes) {
+  if (absl::Status s = CheckWithinFile(path, entries, data_bytes, file_bytes); !s.ok()) return s;
+  for (const TensorEntry& entry : entries) {
+    if (absl::Status s = CheckEntrySize(path, entry); !s.ok()) return s;
+  }
+  return CheckCoverage(path, entries, data_bytes);
 }
 
 // Reads the 8-byte length and the header text, refusing lengths the file cannot hold before
@@ -336,10 +365,9 @@ absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstrea
 absl::Status ReadTensorData(const std::string& path, std::ifstream& in, uint64_t data_start,
                             const TensorEntry& entry, SafetensorsFile& file) {
   if (!IsConvertible(entry.dtype)) {
-    return InvalidTensor(
-        path, entry.name,
-        absl::StrCat("unsupported dtype '", NameForMessage(entry.dtype),
-                     "' (attnserve reads F32, F16 and BF16)"));
+    return InvalidTensor(path, entry.name,
+                         absl::StrCat("unsupported dtype '", NameForMessage(entry.dtype),
+                                      "' (attnserve reads F32, F16 and BF16)"));
   }
   std::vector<char> raw(entry.end - entry.begin);
   in.seekg(static_cast<std::streamoff>(data_start + entry.begin));
@@ -353,16 +381,52 @@ absl::Status ReadTensorData(const std::string& path, std::ifstream& in, uint64_t
   return absl::OkStatus();
 }
 
-absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const TensorFilter& wanted) {
-  std::error_code error;
-  if (!std::filesystem::exists(path, error)) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+// The status code of a failed stat or open. A path that names nothing is NotFound, one that
+// cannot be resolved as written (a symlink loop, too long) InvalidArgument, where absl says
+// FailedPrecondition and Unknown; the rest (PermissionDenied, ResourceExhausted...) are absl's.
+absl::StatusCode OpenErrorCode(int error_number) {
+  switch (error_number) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::StatusCode::kNotFound;
+    case ELOOP:
+    case ENAMETOOLONG:
+      return absl::StatusCode::kInvalidArgument;
+    default:
+      return absl::ErrnoToStatusCode(error_number);
   }
-  if (!std::filesystem::is_regular_file(path, error)) {
-    return Invalid(path, "it is not a regular file");
-  }
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+}
+
+// Why `path` could not be reached or opened, in the system's words: a symlink loop, a directory
+// we may not enter and a path through a regular file once all read "no such file", which sent
+// users looking for a typo.
+absl::Status OpenError(const std::string& path, int error_number) {
+  if (error_number == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  std::string reason = std::generic_category().message(error_number);
+  // strerror capitalises ("Permission denied"); here it is the end of a sentence.
+  if (!reason.empty()) reason[0] = absl::ascii_tolower(static_cast<unsigned char>(reason[0]));
+  return absl::Status(OpenErrorCode(error_number),
+                      absl::StrCat(path, ": cannot open the file: ", reason));
+}
+
+// Opens `path` for reading, positioned at its end. Refused before opening: anything but a regular
+// file (a FIFO would block the open, a directory opens but cannot be read).
+absl::Status OpenRegularFile(const std::string& path, std::ifstream& in) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0) return OpenError(path, errno);
+  if (!S_ISREG(info.st_mode)) return Invalid(path, "it is not a regular file");
+  errno = 0;
+  in.open(path, std::ios::binary | std::ios::ate);
+  // The standard does not promise errno after a failed open (libstdc++ keeps fopen's); without
+  // one the message still names the file.
+  if (!in && errno != 0) return OpenError(path, errno);
   if (!in) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open the file"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const TensorFilter& wanted) {
+  std::ifstream in;
+  if (absl::Status s = OpenRegularFile(path, in); !s.ok()) return s;
   const std::streamoff end = in.tellg();
   if (end < 0) return Invalid(path, "cannot tell the file's size");
   const uint64_t file_bytes = static_cast<uint64_t>(end);
@@ -375,7 +439,9 @@ absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const Tenso
   std::vector<TensorEntry> entries;
   if (absl::Status s = ParseHeader(path, *text, file, entries); !s.ok()) return s;
   const uint64_t data_start = 8 + text->size();
-  if (absl::Status s = CheckCoverage(path, entries, file_bytes - data_start); !s.ok()) return s;
+  if (absl::Status s = CheckLayout(path, entries, file_bytes - data_start, file_bytes); !s.ok()) {
+    return s;
+  }
   for (const TensorEntry& entry : entries) {
     if (wanted && !wanted(entry.name)) continue;
     if (absl::Status s = ReadTensorData(path, in, data_start, entry, file); !s.ok()) return s;

@@ -13,9 +13,9 @@ namespace attnserve::core {
 
 // One tensor of a safetensors file, converted to float32.
 struct StoredTensor {
-  std::string dtype;             // as stored: "F32", "F16" or "BF16"
+  std::string dtype;  // as stored: "F32", "F16" or "BF16"
   std::vector<int64_t> shape;
-  std::vector<float> values;     // row-major, converted to f32
+  std::vector<float> values;  // row-major, converted to f32
 };
 
 // The contents of a safetensors file: an 8-byte little-endian header length, a JSON header
@@ -26,12 +26,14 @@ struct SafetensorsFile {
   std::map<std::string, StoredTensor> tensors;
 };
 
-// Reads and checks a whole file. Refuses (InvalidArgument / NotFound, naming the file and the
-// tensor) a short file, a header length past the end, bad JSON, offsets out of range or
+// Reads and checks a whole file. Refuses (InvalidArgument, naming the file and the tensor) a
+// short file, a header length past the end, bad JSON, offsets past the end of the file or
 // overlapping, a dtype other than F32/F16/BF16, a shape that does not match its byte size.
-// (An existing file we may not open is PermissionDenied.) Bounds that hold any real file keep a
-// header from costing more memory than its size: at most 16384 tensors, 8 dimensions a shape,
-// 1024 __metadata__ entries; messages quote names clipped (NameForMessage).
+// A file that cannot be reached or opened is refused with the system's reason ("permission
+// denied", "too many levels of symbolic links"), NotFound when the path names nothing,
+// PermissionDenied when we may not read it, InvalidArgument for a symlink loop. Bounds that hold
+// any real file keep a header from costing more memory than its size: at most 16384 tensors, 8
+// dimensions a shape, 1024 __metadata__ entries; messages quote names clipped (NameForMessage).
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
 
 // Says which tensors to read; an empty filter reads them all.

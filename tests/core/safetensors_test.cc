@@ -2,6 +2,10 @@
 // built here, in a temp dir, by corrupting one piece of a good one.
 #include "core/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -126,6 +130,81 @@ TEST_F(SafetensorsTest, MissingFileIsNotFound) {
             absl::StatusCode::kNotFound);
 }
 
+// Whether this process can open `path` for reading: root (CAP_DAC_OVERRIDE) reads a file of
+// mode 000 and enters a directory of mode 000, so the tests of those refusals cannot run as root.
+bool CanOpen(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+bool Contains(const absl::Status& status, const std::string& text) {
+  return status.message().find(text) != std::string::npos;
+}
+
+// A symlink loop is not a missing file: the message says what the system said.
+TEST_F(SafetensorsTest, ASymlinkLoopSaysSo) {
+  std::filesystem::create_symlink(Path("b.safetensors"), Path("a.safetensors"));
+  std::filesystem::create_symlink(Path("a.safetensors"), Path("b.safetensors"));
+  const absl::Status status = ReadSafetensors(Path("a.safetensors")).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(Contains(status, "too many levels of symbolic links")) << status;
+  EXPECT_TRUE(Contains(status, Path("a.safetensors"))) << status;
+  EXPECT_FALSE(Contains(status, "no such file")) << status;
+}
+
+// A path through a regular file (ENOTDIR, root or not).
+TEST_F(SafetensorsTest, APathThroughAFileSaysNotADirectory) {
+  WriteSafetensorsFile(Path("plain"), MakeSafetensors({F32("a", {1}, {1})}));
+  const std::string path = Path("plain/model.safetensors");
+  const absl::Status status = ReadSafetensors(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_TRUE(Contains(status, "cannot open the file: not a directory")) << status;
+  EXPECT_TRUE(Contains(status, path)) << status;
+  EXPECT_FALSE(Contains(status, "no such file")) << status;
+}
+
+TEST_F(SafetensorsTest, AFileInADirectoryWeMayNotEnterSaysPermissionDenied) {
+  std::filesystem::create_directory(Path("locked"));
+  const std::string path = Path("locked/model.safetensors");
+  WriteSafetensorsFile(path, MakeSafetensors({F32("a", {1}, {1})}));
+  ASSERT_EQ(::chmod(Path("locked").c_str(), 0), 0);
+  const bool bypassed = CanOpen(path);
+  const absl::Status status = ReadSafetensors(path).status();
+  ::chmod(Path("locked").c_str(), 0700);  // so the temp dir can be removed
+  if (bypassed) GTEST_SKIP() << "this process enters a directory of mode 000 (root)";
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+  EXPECT_TRUE(Contains(status, "permission denied")) << status;
+  EXPECT_TRUE(Contains(status, path)) << status;
+}
+
+TEST_F(SafetensorsTest, AFileWeMayNotReadSaysPermissionDenied) {
+  const std::string path = Path("unreadable.safetensors");
+  WriteSafetensorsFile(path, MakeSafetensors({F32("a", {1}, {1})}));
+  ASSERT_EQ(::chmod(path.c_str(), 0), 0);
+  if (CanOpen(path)) GTEST_SKIP() << "this process reads a file of mode 000 (root)";
+  const absl::Status status = ReadSafetensors(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+  EXPECT_TRUE(Contains(status, "cannot open the file: permission denied")) << status;
+  EXPECT_TRUE(Contains(status, path)) << status;
+}
+
+// The same refusal as root: a write-only sysctl is a regular file that even root may not open
+// for reading (procfs checks its mode without the capability), so the failed open itself is
+// tested wherever the tests run.
+TEST_F(SafetensorsTest, ARegularFileThatWillNotOpenSaysWhy) {
+  const std::string path = "/proc/sys/vm/drop_caches";
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) || CanOpen(path)) {
+    GTEST_SKIP() << path << " is not a regular file this process cannot open";
+  }
+  const absl::Status status = ReadSafetensors(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+  EXPECT_TRUE(Contains(status, "cannot open the file: permission denied")) << status;
+  EXPECT_TRUE(Contains(status, path)) << status;
+}
+
 TEST_F(SafetensorsTest, ADirectoryIsRefusedNotCrashedOn) {
   EXPECT_EQ(ReadSafetensors(dir_).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -169,8 +248,8 @@ TEST_F(SafetensorsTest, RefusesALengthThatCutsTheHeader) {
 TEST_F(SafetensorsTest, RefusesBadJson) {
   // Closing brackets before opening ones once drove the nesting count below zero (found by
   // fuzz_safetensors; out of bounds under UBSan).
-  for (const char* header : {"", "{", "not json", "{\"a\": }", "[1, 2]", "\"text\"", "null",
-                             "}}{", "]]]]{\"a\": 1}", "{}}}}"}) {
+  for (const char* header : {"", "{", "not json", "{\"a\": }", "[1, 2]", "\"text\"", "null", "}}{",
+                             "]]]]{\"a\": 1}", "{}}}}"}) {
     EXPECT_EQ(ReadHeader(header).status().code(), absl::StatusCode::kInvalidArgument) << header;
   }
 }
@@ -230,6 +309,33 @@ TEST_F(SafetensorsTest, RefusesOffsetsOutOfRangeOverlappingOrNotCovering) {
            R"({})",
        }) {
     EXPECT_EQ(ReadHeader(header).status().code(), absl::StatusCode::kInvalidArgument) << header;
+  }
+}
+
+// A tensor whose offsets were moved past the end (by 1e12) once left a gap at its old place
+// that was reported first, against its neighbour: "bytes 0..8 belong to no tensor" on 'b'.
+TEST_F(SafetensorsTest, DataPastTheEndOfTheFileNamesItsTensor) {
+  // 'a' and 'b' of 8 bytes each; 16 bytes of data in a file of 8 + header + 16 bytes.
+  auto header = [](const std::string& a_offsets) {
+    return absl::StrCat(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": )", a_offsets,
+                        R"(}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})");
+  };
+  for (const std::string& offsets :
+       {std::string("[1000000000000, 1000000000008]"),
+        // past the end and of the wrong size at once
+        std::string("[0, 1000000000000]"),
+        // an end that, added to the header's bytes, would overflow 64 bits
+        std::string("[0, 18446744073709551615]")}) {
+    const std::string text = header(offsets);
+    const absl::Status status = ReadHeader(text, 16).status();
+    const std::string file_bytes = absl::StrCat(8 + text.size() + 16);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << offsets;
+    EXPECT_TRUE(Contains(status, "tensor 'a'")) << status;
+    EXPECT_TRUE(Contains(status, "past the end of the file")) << status;
+    EXPECT_TRUE(Contains(status, Path("file.safetensors"))) << status;
+    EXPECT_TRUE(Contains(status, absl::StrCat("file (", file_bytes, " bytes)"))) << status;
+    EXPECT_TRUE(Contains(status, offsets)) << status;
+    EXPECT_FALSE(Contains(status, "belong to no tensor")) << status;
   }
 }
 

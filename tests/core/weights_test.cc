@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -173,6 +174,17 @@ TEST_F(LoadRefusalTest, TheGoodFileLoads) {
 
 TEST_F(LoadRefusalTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadLayerWeights(path_ + ".absent", {}).status().code(), absl::StatusCode::kNotFound);
+}
+
+// What --model NAME=PATH prints at start-up: the system's reason, not "no such file".
+TEST_F(LoadRefusalTest, AnUnreachableFileSaysWhy) {
+  const std::string loop = path_ + ".loop";
+  std::filesystem::create_symlink(loop, loop);
+  const absl::Status status = LoadLayerWeights(loop, {}).status();
+  EXPECT_EQ(status.code(), kInvalid) << status;
+  EXPECT_NE(status.message().find(loop + ": cannot open the file: too many levels of symbolic"),
+            std::string::npos)
+      << status;
 }
 
 TEST_F(LoadRefusalTest, NotSafetensorsIsInvalid) {
