@@ -18,6 +18,7 @@
 #include "core/attention_kernel.h"
 #include "core/dnnl_context.h"
 #include "core/guarded.h"
+#include "core/kv_attention.h"
 #include "core/layer_limits.h"
 
 namespace attnserve::core {
@@ -227,6 +228,10 @@ struct Layer::Impl {
 
   absl::Status Run(const ForwardArgs& args, std::span<float> output,
                    std::span<float> attention) const;
+  absl::Status Decode(AttentionKind kind, std::span<const DecodeSequence> sequences) const;
+  // The new tokens of a decode step, packed back to back into `rows` rows (bf16 when asked).
+  const void* PackSteps(std::span<const DecodeSequence> sequences, int64_t rows,
+                        ScratchBuffer& buffer) const;
   absl::Status RunProjectedAttention(const ForwardArgs& args, std::span<float> output,
                                      std::span<float> attention) const;
   // Q, K, V of the self kinds: one matmul over the packed input; fills problem's q, k, v.
@@ -472,6 +477,123 @@ absl::Status Layer::Impl::ProjectOutput(const PackedCall& call, float* attended,
   // The packed input is no longer needed: its buffer holds the projected rows.
   if (y == nullptr) y = scratch.input.As<float>(call.rows * spec.d_model);
   return Project(Out(), call.rows, a, y, scratch);
+}
+
+absl::Status Layer::ProjectContext(const float* context, int64_t tokens, KvSequence* kv) const {
+  return Guarded("context projection", absl::StatusCode::kInternal, [&]() -> absl::Status {
+    if (tokens == 0) return absl::OkStatus();
+    const Impl& impl = *impl_;
+    const int64_t inner = impl.spec.inner(), width = impl.spec.d_context;
+    const int64_t rows = MatmulRows(tokens);
+    ThreadScratch& scratch = GetThreadScratch();
+    const size_t element = impl.bf16() ? 2 : 4;
+    auto* c = static_cast<unsigned char*>(scratch.context.Get(rows * width * element));
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (impl.bf16()) {
+        ConvertToBf16(context + t * width, reinterpret_cast<uint16_t*>(c) + t * width, width);
+      } else {
+        std::memcpy(c + t * width * 4, context + t * width, width * 4);
+      }
+    }
+    std::memset(c + tokens * width * element, 0, (rows - tokens) * width * element);
+    float* projected = scratch.kv.As<float>(rows * 2 * inner);
+    if (absl::Status s = Project(impl.KV(), rows, c, projected, scratch); !s.ok()) return s;
+    for (int64_t t = 0; t < tokens; ++t) {
+      kv->Write(t, projected + t * 2 * inner, projected + t * 2 * inner + inner);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Layer::Decode(AttentionKind kind, std::span<const DecodeSequence> sequences) const {
+  return Guarded("decode step", absl::StatusCode::kInternal,
+                 [&] { return impl_->Decode(kind, sequences); });
+}
+
+const void* Layer::Impl::PackSteps(std::span<const DecodeSequence> sequences, int64_t rows,
+                                   ScratchBuffer& buffer) const {
+  const int64_t width = spec.d_model;
+  const size_t element = bf16() ? 2 : 4;
+  auto* x = static_cast<unsigned char*>(buffer.Get(rows * width * element));
+  int64_t row = 0;
+  for (const DecodeSequence& seq : sequences) {
+    for (int64_t t = 0; t < seq.tokens; ++t, ++row) {
+      const float* src = seq.input + t * width;
+      if (bf16()) {
+        ConvertToBf16(src, reinterpret_cast<uint16_t*>(x) + row * width, width);
+      } else {
+        std::memcpy(x + row * width * 4, src, width * 4);
+      }
+    }
+  }
+  std::memset(x + row * width * element, 0, (rows - row) * width * element);
+  return x;
+}
+
+absl::Status Layer::Impl::Decode(AttentionKind kind,
+                                 std::span<const DecodeSequence> sequences) const {
+  int64_t tokens = 0;
+  for (const DecodeSequence& seq : sequences) tokens += seq.tokens;
+  if (tokens == 0) return absl::OkStatus();
+  if (spec.head_dim > 512) {
+    return absl::UnimplementedError("decode sessions serve heads of at most 512 dimensions");
+  }
+  const bool causal_self = kind == AttentionKind::kCausal;
+  const int64_t inner = spec.inner(), rows = MatmulRows(tokens);
+  ThreadScratch& scratch = GetThreadScratch();
+
+  // 1. Q (and K, V of the self kind) of every new token, one matmul.
+  const void* x = PackSteps(sequences, rows, scratch.input);
+  const int64_t q_stride = causal_self ? 3 * inner : inner;
+  float* q = scratch.qkv.As<float>(rows * q_stride);
+  absl::Status s = Project(causal_self ? QKV() : Q(), rows, x, q, scratch);
+  if (!s.ok()) return s;
+
+  // 2. The new keys and values join their caches; each new token's query sees its keys.
+  float* attended = scratch.attention.As<float>(rows * inner);
+  ZeroTail(attended, tokens, rows, inner);
+  std::vector<KvQuery> queries;
+  queries.reserve(tokens);
+  int64_t row = 0;
+  for (const DecodeSequence& seq : sequences) {
+    for (int64_t t = 0; t < seq.tokens; ++t, ++row) {
+      const float* projected = q + row * q_stride;
+      const int64_t position = seq.position + t;
+      KvQuery query{projected, attended + row * inner, nullptr, 0};
+      if (causal_self) {
+        seq.cache->Write(position, projected + inner, projected + 2 * inner);
+        query.kv = seq.cache;
+        query.visible = position + 1;
+      } else {
+        query.kv = seq.context;
+        query.visible = std::min(position + 1, seq.context->length());
+      }
+      queries.push_back(query);
+    }
+  }
+  KvAttention(queries, spec.num_heads, spec.head_dim,
+              1.0f / std::sqrt(static_cast<float>(spec.head_dim)));
+
+  // 3. The output projection, one matmul, then each sequence's rows to its output.
+  const float* y = attended;
+  if (spec.has_output_projection) {
+    const void* a = attended;
+    if (bf16()) {
+      uint16_t* a16 = scratch.attention16.As<uint16_t>(rows * inner);
+      for (int64_t r = 0; r < rows; ++r) ConvertToBf16(attended + r * inner, a16 + r * inner, inner);
+      a = a16;
+    }
+    float* out = scratch.input.As<float>(rows * spec.d_model);  // the packed input is done with
+    if (absl::Status p = Project(Out(), rows, a, out, scratch); !p.ok()) return p;
+    y = out;
+  }
+  const int64_t width = spec.d_output();
+  row = 0;
+  for (const DecodeSequence& seq : sequences) {
+    std::memcpy(seq.output, y + row * width, seq.tokens * width * sizeof(float));
+    row += seq.tokens;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace attnserve::core

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/kv_cache.h"
 #include "core/layer_spec.h"
 #include "core/ragged_batch.h"
 #include "core/weights.h"
@@ -30,6 +31,21 @@ struct ForwardShapes {
 
   int64_t output_size() const { return output_rows * output_width; }
   int64_t attention_size() const;
+};
+
+// One sequence's part of a decode step (Layer::Decode): its new tokens and where its keys and
+// values are cached.
+struct DecodeSequence {
+  const float* input = nullptr;  // [tokens, d_model], row-major: the new tokens
+  int64_t tokens = 0;
+  // Query tokens this sequence has had before this step: the first new token's position.
+  int64_t position = 0;
+  // kCausal: the keys and values of positions 0 .. position - 1 (length() == position); the
+  // step appends the new tokens' (the caller has reserved room for position + tokens).
+  KvSequence* cache = nullptr;
+  // kCausalCross: the context's keys and values (Layer::ProjectContext).
+  const KvSequence* context = nullptr;
+  float* output = nullptr;  // [tokens, d_output()]
 };
 
 // A loaded attention layer on the process's oneDNN CPU engine. Immutable once made:
@@ -65,6 +81,20 @@ class Layer {
   // not scan every tensor twice. Running out of memory is still ResourceExhausted.
   absl::Status ForwardValidated(const ForwardArgs& args, std::span<float> output,
                                 std::span<float> attention = {}) const;
+
+  // Projects `tokens` context rows ([tokens, d_context], row-major) to keys and values and
+  // caches them in `kv` (room for `tokens` reserved by the caller): a causal-cross session's
+  // context, computed once.
+  absl::Status ProjectContext(const float* context, int64_t tokens, KvSequence* kv) const;
+
+  // One decode step of many sequences (of many sessions) at once: the new tokens' projections
+  // as one matmul over all of them, their keys and values appended to their caches (kCausal),
+  // attention of each new token over its cache read in place, the output projection as one
+  // matmul. A token at position p sees keys 0 .. p (kCausal, its own included) or context keys
+  // 0 .. min(p, context length - 1) (kCausalCross, as Forward's top-left mask); none: 0. Each
+  // output row equals the same row of a Forward over the whole sequence so far, within f32
+  // rounding. `kind` must be one this layer serves (checked by the caller, like Validate).
+  absl::Status Decode(AttentionKind kind, std::span<const DecodeSequence> sequences) const;
 
  private:
   struct Impl;

@@ -1,0 +1,29 @@
+#pragma once
+
+// Attention of new query tokens over a sequence's cached keys and values, read in place from
+// the cache's blocks (no contiguous copy): the memory-bound part of a decode step. Each query
+// attends to the first `visible` cached tokens; the softmax runs online, block by block, so
+// each key and value is read once per query.
+
+#include <cstdint>
+#include <span>
+
+#include "core/kv_cache.h"
+
+namespace attnserve::core {
+
+// One query token: its projected query (all heads, [num_heads * head_dim]), where its result
+// goes (same width), and the keys it sees.
+struct KvQuery {
+  const float* q = nullptr;
+  float* out = nullptr;
+  const KvSequence* kv = nullptr;
+  int64_t visible = 0;  // keys 0 .. visible - 1; none: the result is 0
+};
+
+// out = softmax(q K^T * scale) V per head, for every query, in parallel (OpenMP) over queries
+// and heads.
+void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,
+                 float scale);
+
+}  // namespace attnserve::core

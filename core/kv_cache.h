@@ -1,0 +1,89 @@
+#pragma once
+
+// The keys and values a decode session keeps (its KV cache): fixed-size blocks of
+// kKvBlockTokens tokens, allocated as the sequence grows and charged to one byte budget per
+// process, so a session's memory follows its length, not a maximum. A decode step reads every
+// cached key and value once, in place, block by block (Layer::Decode).
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace attnserve::core {
+
+// Tokens per block (vLLM's default): small enough that a sequence wastes little of its last
+// block, large enough that a block's rows stream from memory.
+inline constexpr int64_t kKvBlockTokens = 16;
+
+// The bytes every cache of the process may hold together (--kv-cache-mib). Thread safe.
+class KvCacheBudget {
+ public:
+  explicit KvCacheBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
+
+  // Takes `bytes` from the budget; false (and nothing taken) when they do not fit.
+  bool TryCharge(int64_t bytes);
+  void Release(int64_t bytes) { used_.fetch_sub(bytes); }
+
+  int64_t used() const { return used_.load(); }
+  int64_t limit() const { return limit_; }
+
+ private:
+  const int64_t limit_;
+  std::atomic<int64_t> used_{0};
+};
+
+// How a cache stores its rows: float32, or bfloat16 (half the bytes a step reads).
+enum class KvPrecision { kF32, kBF16 };
+
+// One sequence's cached keys and values: rows of `width` (the layer's inner width, all heads),
+// K and V each, in blocks. Not thread safe: its session uses it one step at a time.
+class KvSequence {
+ public:
+  // Charges its blocks to `budget`, which outlives it; `bytes_counter` (may be null) follows
+  // the bytes it holds, e.g. a model's attnserve_kv_cache_bytes.
+  KvSequence(int64_t width, KvPrecision precision, KvCacheBudget* budget,
+             std::atomic<int64_t>* bytes_counter = nullptr);
+  ~KvSequence();
+  KvSequence(const KvSequence&) = delete;
+  KvSequence& operator=(const KvSequence&) = delete;
+
+  // Tokens cached.
+  int64_t length() const { return length_; }
+  int64_t width() const { return width_; }
+  KvPrecision precision() const { return precision_; }
+  // Bytes its blocks hold.
+  int64_t bytes() const;
+
+  // Makes room for `length` tokens, allocating blocks; ResourceExhausted naming the budget
+  // when they do not fit, and then nothing changes.
+  absl::Status Reserve(int64_t length);
+
+  // Stores the key and value rows of the token at `position` (< the reserved room), and makes
+  // the length at least position + 1.
+  void Write(int64_t position, const float* key, const float* value);
+
+  // Drops the tokens at `length` and after, freeing the blocks no longer needed.
+  void Truncate(int64_t length);
+
+  // Block `b`'s key and value rows (kKvBlockTokens of them, `width` apart), as stored.
+  const void* keys(int64_t b) const { return blocks_[b].get(); }
+  const void* values(int64_t b) const;
+
+  // Bytes one block takes.
+  int64_t block_bytes() const;
+
+ private:
+  void FreeBlocksFrom(size_t first);
+
+  const int64_t width_;
+  const KvPrecision precision_;
+  KvCacheBudget* const budget_;
+  std::atomic<int64_t>* const bytes_counter_;
+  int64_t length_ = 0;
+  std::vector<std::unique_ptr<unsigned char[]>> blocks_;  // keys, then values, of each block
+};
+
+}  // namespace attnserve::core

@@ -1,0 +1,202 @@
+// Decode sessions' exactness contract, against PyTorch: every row a step returns equals the same
+// row of one forward pass over the whole sequence so far. The golden fixtures' causal and causal
+// cross cases are full sequences; fed token by token (after a prefill, several tokens per step,
+// after a truncate, sequences of different lengths stepped together), each step's rows must be
+// the fixture's rows at those positions.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/kv_cache.h"
+#include "core/layer.h"
+#include "gtest/gtest.h"
+#include "tests/common/golden.h"
+
+namespace attnserve::test {
+// Failures name the case, not its bytes.
+inline void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.name; }
+}  // namespace attnserve::test
+
+namespace attnserve::core {
+namespace {
+
+using test::GoldenCase;
+
+// The causal and causal cross cases whose every output row is stored.
+std::vector<GoldenCase> DecodeCases() {
+  absl::StatusOr<std::vector<GoldenCase>> cases = test::LoadGoldenCases();
+  EXPECT_TRUE(cases.ok()) << cases.status();
+  std::vector<GoldenCase> out;
+  if (!cases.ok()) return out;
+  for (GoldenCase& c : *cases) {
+    const bool all_rows =
+        static_cast<int64_t>(c.output_rows.size()) == c.input.batch * c.input.seq_len;
+    if (IsCausal(c.kind) && all_rows) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// One sequence of a case as a session holds it.
+struct Sequence {
+  std::unique_ptr<KvSequence> cache, context;
+  int64_t position = 0;
+};
+
+class DecodeTest : public ::testing::TestWithParam<GoldenCase> {
+ protected:
+  void SetUp() override {
+    const GoldenCase& c = GetParam();
+    absl::StatusOr<LayerWeights> weights = LoadLayerWeights(c.weights_path, c.load_options);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    absl::StatusOr<std::shared_ptr<const Layer>> layer = Layer::Create(*std::move(weights));
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    layer_ = *layer;
+  }
+
+  // Opens every sequence of the case: caches, and the context's keys and values once.
+  std::vector<Sequence> Open(KvPrecision precision) {
+    const GoldenCase& c = GetParam();
+    std::vector<Sequence> sequences(c.input.batch);
+    for (int64_t b = 0; b < c.input.batch; ++b) {
+      Sequence& s = sequences[b];
+      s.cache = std::make_unique<KvSequence>(layer_->spec().inner(), precision, &budget_, &bytes_);
+      if (c.kind != AttentionKind::kCausalCross) continue;
+      s.context = std::make_unique<KvSequence>(layer_->spec().inner(), precision, &budget_, &bytes_);
+      const test::GoldenBatch& ctx = *c.context;
+      const int64_t length = ctx.lengths[b];
+      EXPECT_TRUE(s.context->Reserve(length).ok());
+      EXPECT_TRUE(layer_
+                      ->ProjectContext(ctx.values.data() + b * ctx.seq_len * ctx.width, length,
+                                       s.context.get())
+                      .ok());
+    }
+    return sequences;
+  }
+
+  // Steps every sequence from its position to its length, `first` tokens in the first step and
+  // `step` after, all sequences in one Decode call per step; checks each returned row.
+  void Run(std::vector<Sequence>& sequences, int64_t first, int64_t step, float tolerance) {
+    const GoldenCase& c = GetParam();
+    const int64_t width = c.d_output;
+    bool more = true;
+    for (int round = 0; more; ++round) {
+      more = false;
+      std::vector<DecodeSequence> batch;
+      std::vector<std::vector<float>> outputs(sequences.size());
+      for (size_t b = 0; b < sequences.size(); ++b) {
+        Sequence& s = sequences[b];
+        const int64_t length = c.input.lengths[b];
+        const int64_t n = std::min(round == 0 ? first : step, length - s.position);
+        if (n <= 0) continue;
+        more = true;
+        outputs[b].assign(n * width, -1.0f);
+        DecodeSequence seq;
+        seq.input = c.input.values.data() + (b * c.input.seq_len + s.position) * c.input.width;
+        seq.tokens = n;
+        seq.position = s.position;
+        if (c.kind == AttentionKind::kCausal) {
+          EXPECT_TRUE(s.cache->Reserve(s.position + n).ok());
+          seq.cache = s.cache.get();
+        } else {
+          seq.context = s.context.get();
+        }
+        seq.output = outputs[b].data();
+        batch.push_back(seq);
+      }
+      if (!more) break;
+      ASSERT_TRUE(layer_->Decode(c.kind, batch).ok());
+      for (size_t b = 0; b < sequences.size(); ++b) {
+        Sequence& s = sequences[b];
+        const int64_t n = static_cast<int64_t>(outputs[b].size()) / width;
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t row = static_cast<int64_t>(b) * c.input.seq_len + s.position + t;
+          for (int64_t k = 0; k < width; ++k) {
+            const float want = c.expected_output[row * width + k];
+            ASSERT_NEAR(outputs[b][t * width + k], want, tolerance)
+                << "sequence " << b << " position " << s.position + t << " column " << k;
+          }
+        }
+        s.position += n;
+      }
+    }
+  }
+
+  std::shared_ptr<const Layer> layer_;
+  KvCacheBudget budget_{int64_t{1} << 30};
+  std::atomic<int64_t> bytes_{0};
+};
+
+TEST_P(DecodeTest, PrefillThenOneTokenAStepMatchesPyTorch) {
+  std::vector<Sequence> sequences = Open(KvPrecision::kF32);
+  Run(sequences, /*first=*/3, /*step=*/1, 1e-4f);
+}
+
+TEST_P(DecodeTest, SeveralTokensAStepMatchPyTorch) {
+  std::vector<Sequence> sequences = Open(KvPrecision::kF32);
+  Run(sequences, /*first=*/1, /*step=*/3, 1e-4f);
+}
+
+TEST_P(DecodeTest, ATruncatedSequenceGoesOnAsIfItHadNeverGoneFurther) {
+  std::vector<Sequence> sequences = Open(KvPrecision::kF32);
+  Run(sequences, /*first=*/2, /*step=*/2, 1e-4f);
+  for (Sequence& s : sequences) {
+    const int64_t keep = s.position / 2;
+    if (s.cache->length() > 0) s.cache->Truncate(keep);
+    s.position = keep;
+  }
+  Run(sequences, /*first=*/1, /*step=*/1, 1e-4f);
+}
+
+TEST_P(DecodeTest, ABf16CacheStaysWithinBf16Rounding) {
+  std::vector<Sequence> sequences = Open(KvPrecision::kBF16);
+  Run(sequences, /*first=*/3, /*step=*/1, 3e-2f);
+}
+
+TEST_P(DecodeTest, EveryBlockIsFreedWithItsSequence) {
+  {
+    std::vector<Sequence> sequences = Open(KvPrecision::kF32);
+    Run(sequences, /*first=*/4, /*step=*/1, 1e-4f);
+    EXPECT_GT(bytes_.load(), 0);
+  }
+  EXPECT_EQ(bytes_.load(), 0);
+  EXPECT_EQ(budget_.used(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeTest, ::testing::ValuesIn(DecodeCases()),
+                         [](const ::testing::TestParamInfo<GoldenCase>& info) {
+                           std::string name = info.param.name;
+                           std::replace_if(
+                               name.begin(), name.end(),
+                               [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); },
+                               '_');
+                           return name;
+                         });
+
+TEST(KvCacheTest, ABudgetThatCannotTakeAStepRefusesItAndChangesNothing) {
+  KvCacheBudget budget(2 * 2 * kKvBlockTokens * 8 * 4);  // two blocks of width 8, f32
+  std::atomic<int64_t> bytes{0};
+  KvSequence a(8, KvPrecision::kF32, &budget, &bytes);
+  ASSERT_TRUE(a.Reserve(kKvBlockTokens + 1).ok());  // two blocks
+  KvSequence b(8, KvPrecision::kF32, &budget, &bytes);
+  const absl::Status refused = b.Reserve(1);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("--kv-cache-mib"), absl::string_view::npos);
+  EXPECT_EQ(b.bytes(), 0);
+  EXPECT_EQ(a.bytes(), 2 * a.block_bytes());
+  // A truncate frees the blocks past the new length, and the budget can take them again.
+  std::vector<float> row(8, 1.0f);
+  for (int64_t p = 0; p <= kKvBlockTokens; ++p) a.Write(p, row.data(), row.data());
+  a.Truncate(kKvBlockTokens);
+  EXPECT_EQ(a.length(), kKvBlockTokens);
+  EXPECT_EQ(a.bytes(), a.block_bytes());
+  EXPECT_TRUE(b.Reserve(1).ok());
+  EXPECT_EQ(bytes.load(), budget.used());
+}
+
+}  // namespace
+}  // namespace attnserve::core
