@@ -51,8 +51,18 @@ void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--port-file", o.port_file,
                  "Once listening, write the bound port (a number and a newline) to this file");
   app.add_option("--metrics-listen", o.metrics_listen,
-                 "HOST:PORT serving Prometheus metrics at /metrics (plain HTTP); '' or off: none")
+                 "HOST:PORT serving Prometheus metrics at /metrics; '' or off: none")
       ->capture_default_str();
+  app.add_option("--metrics-tls", o.metrics_tls,
+                 "HTTPS on --metrics-listen with --tls-cert/--tls-key: auto (whenever --tls-cert "
+                 "is set: the metrics name the models and show their traffic, so a port the "
+                 "main port's TLS protects does not leak them in plaintext), on, or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  app.add_option("--metrics-token-file", o.metrics_token_file,
+                 "Tokens, one a line: every scrape needs 'Authorization: Bearer TOKEN' (else "
+                 "HTTP 401); re-read when the file changes. Separate from --auth-token-file, "
+                 "so a scraper's token cannot call the model");
   app.add_option("--model", flags.models, kModelHelp);
   app.add_option("--threads", o.compute_threads,
                  "Compute (OpenMP) threads per forward call; 0 = every core")

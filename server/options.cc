@@ -106,6 +106,14 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--metrics-listen '", options.metrics_listen,
                                                    "': expected HOST:PORT (PORT 0..65535) or off"));
   }
+  if (options.metrics_tls != "auto" && options.metrics_tls != "on" &&
+      options.metrics_tls != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-tls must be auto, on or off, got '", options.metrics_tls, "'"));
+  }
+  if (options.metrics_tls == "on" && options.tls.cert.empty()) {
+    return absl::InvalidArgumentError("--metrics-tls on needs --tls-cert and --tls-key");
+  }
   if (options.max_message_mib <= 0 || options.max_message_mib > 2047) {
     return absl::InvalidArgumentError("--max-message-mib must be in 1..2047");
   }

@@ -57,7 +57,18 @@ struct ServerOptions {
   int max_connection_age_grace_s = 60;
   // HOST:PORT serving /metrics; "" or "off": no metrics (kDefaultMetricsListen by default).
   std::string metrics_listen = std::string(kDefaultMetricsListen);
+  // TLS on the metrics port with the main port's certificate: "auto" (when `tls` has one),
+  // "on" (and `tls` must have one) or "off".
+  std::string metrics_tls = "auto";
+  // Bearer tokens a scrape must present, one a line, when set (re-read when the file changes).
+  std::string metrics_token_file;
 };
+
+// True when the metrics port serves TLS (--metrics-tls, given the main port's certificate).
+inline bool MetricsUseTls(const ServerOptions& options) {
+  return options.metrics_tls == "on" ||
+         (options.metrics_tls == "auto" && !options.tls.cert.empty());
+}
 
 // Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'
 // (only the trailing `:key=value` parts with known keys are options).

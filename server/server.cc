@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "core/runtime_info.h"
 #include "grpc/grpc.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -106,6 +107,37 @@ int64_t MaxMessageBytes(const ServerOptions& options) {
 bool IsLoopback(const std::string& listen) {
   const std::string host = listen.substr(0, listen.rfind(':'));
   return host == "localhost" || host.starts_with("127.") || host == "[::1]" || host == "::1";
+}
+
+// The metrics port's guards: the main port's certificate (--metrics-tls) and the scrape tokens
+// (--metrics-token-file). Tokens are checked by a TokenAuthenticator of their own, handed the
+// Authorization header as gRPC metadata: both ports read token files and compare tokens the same
+// way, and observability, below transport, only sees a callback.
+absl::StatusOr<MetricsHttpOptions> MetricsHttp(const ServerOptions& options) {
+  MetricsHttpOptions http;
+  http.listen = options.metrics_listen;
+  if (MetricsUseTls(options)) {
+    http.tls_cert = options.tls.cert;
+    http.tls_key = options.tls.key;
+    http.tls_refresh_seconds = options.tls.refresh_seconds;
+  }
+  if (options.metrics_token_file.empty()) return http;
+  absl::StatusOr<std::shared_ptr<TokenAuthenticator>> tokens =
+      TokenAuthenticator::Load(options.metrics_token_file);
+  if (!tokens.ok()) {
+    // ReadTokenFile names the main port's flag in its messages.
+    return absl::InvalidArgumentError(absl::StrReplaceAll(
+        tokens.status().message(), {{"--auth-token-file", "--metrics-token-file"}}));
+  }
+  http.authorize = [tokens = *std::move(tokens)](absl::string_view authorization) {
+    if (authorization.empty()) return false;
+    tokens->ReloadIfChanged();  // a stat; the file is read again only when it changed
+    const grpc::AuthMetadataProcessor::InputMetadata metadata = {
+        {"authorization", grpc::string_ref(authorization.data(), authorization.size())}};
+    grpc::AuthMetadataProcessor::OutputMetadata consumed, response;
+    return tokens->Process(metadata, /*context=*/nullptr, &consumed, &response).ok();
+  };
+  return http;
 }
 
 }  // namespace
@@ -291,10 +323,13 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
 absl::Status Server::StartMetrics(const ServerOptions& options) {
   if (MetricsOff(options.metrics_listen)) return absl::OkStatus();
   for (const auto& model : registry_->models()) metrics_->SetModelInfo(model->summary);
-  absl::StatusOr<int> port = metrics_->Serve(options.metrics_listen);
+  absl::StatusOr<MetricsHttpOptions> http = MetricsHttp(options);
+  if (!http.ok()) return http.status();
+  absl::StatusOr<int> port = metrics_->Serve(*http);
   if (port.ok()) {
     metrics_port_ = *port;
-  } else if (options.metrics_listen == kDefaultMetricsListen) {
+  } else if (options.metrics_listen == kDefaultMetricsListen &&
+             port.status().code() == absl::StatusCode::kUnavailable) {
     // Only the default may be busy (a second server on the machine): serving without metrics
     // beats not serving. A port the operator chose must work.
     Log(LogLevel::kWarn, "serving without metrics: pass --metrics-listen HOST:PORT (or off)",
@@ -328,6 +363,22 @@ void Server::LogSummary(const ServerOptions& options) const {
         "read the traffic; use --tls-cert/--tls-key (and --auth-token-file) outside a trusted "
         "network",
         {{"address", address_}});
+  }
+  const bool metrics_tls = MetricsUseTls(options);
+  const bool metrics_tokens = !options.metrics_token_file.empty();
+  if (metrics_port_ != 0 && !IsLoopback(options.metrics_listen) &&
+      (!metrics_tls || !metrics_tokens)) {
+    Log(LogLevel::kWarn,
+        absl::StrCat(metrics_tls ? "metrics without a token" : "PLAINTEXT metrics",
+                     " on a non-loopback address: anyone who can reach this port reads the "
+                     "models' names, shapes and traffic; use ",
+                     metrics_tls ? "" : "--tls-cert/--tls-key (--metrics-tls follows them) and ",
+                     "--metrics-token-file, or --metrics-listen 127.0.0.1:PORT"),
+        {{"address", absl::StrCat(options.metrics_listen.substr(
+                                      0, options.metrics_listen.rfind(':')),
+                                  ":", metrics_port_)},
+         {"transport", metrics_tls ? "tls" : "plaintext"},
+         {"auth", metrics_tokens ? "bearer tokens" : "none"}});
   }
   for (const auto& model : registry_->models()) {
     Log(LogLevel::kInfo, "model loaded", SummaryFields(model->summary));

@@ -4,18 +4,18 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <exception>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace attnserve::server {
 namespace {
@@ -278,7 +278,7 @@ Metrics::Metrics(bool enabled) : enabled_(enabled) {
 
 Metrics::~Metrics() {
   // The endpoint reads the registry: it stops first.
-  exposer_.reset();
+  http_.reset();
 }
 
 std::unique_ptr<Metrics> Metrics::Disabled() {
@@ -312,22 +312,30 @@ void Metrics::SetModelInfo(const ModelSummary& model) {
       .Set(1);
 }
 
-absl::StatusOr<int> Metrics::Serve(const std::string& listen) {
+absl::StatusOr<int> Metrics::Serve(const MetricsHttpOptions& http) {
   if (!enabled_) return absl::FailedPreconditionError("metrics are off");
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", listen, " (--metrics-listen): ", e.what()));
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(http, [this] { return Exposition(); });
+  if (!server.ok()) {
+    return absl::Status(server.status().code(),
+                        absl::StrCat(server.status().message(), " (--metrics-listen)"));
   }
-  exposer_->RegisterCollectable(registry_);
-  exposer_->RegisterCollectable(process_);
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  if (ports.empty()) {
-    exposer_.reset();
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen));
-  }
-  return ports.front();
+  http_ = *std::move(server);
+  return http_->port();
+}
+
+absl::StatusOr<int> Metrics::Serve(const std::string& listen) {
+  MetricsHttpOptions http;
+  http.listen = listen;
+  return Serve(http);
+}
+
+std::string Metrics::Exposition() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::vector<prometheus::MetricFamily> process = process_->Collect();
+  families.insert(families.end(), std::make_move_iterator(process.begin()),
+                  std::make_move_iterator(process.end()));
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 ModelMetrics& Metrics::ForModel(absl::string_view name) {

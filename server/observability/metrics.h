@@ -17,12 +17,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/layer_spec.h"
+#include "server/observability/metrics_http.h"
 #include "server/observability/model_summary.h"
 
 namespace prometheus {
 class Collectable;
 class Counter;
-class Exposer;
 class Gauge;
 class Histogram;
 class Registry;
@@ -106,8 +106,12 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // Serves GET /metrics (Prometheus text format) on `listen` (HOST:PORT or [V6HOST]:PORT; port
-  // 0 picks one). Returns the bound port, or Unavailable when it cannot bind.
+  // Serves GET /metrics (Prometheus text format) as `http` says: its address (HOST:PORT or
+  // [V6HOST]:PORT; port 0 picks one), TLS and token check. Returns the bound port; Unavailable
+  // when it cannot bind, InvalidArgument when the TLS files are unusable.
+  absl::StatusOr<int> Serve(const MetricsHttpOptions& http);
+
+  // Serves plain HTTP on `listen`, every request allowed (tests, loopback).
   absl::StatusOr<int> Serve(const std::string& listen);
 
   // Series for a served model, made once at start-up (before calls arrive); its handle.
@@ -137,13 +141,16 @@ class Metrics {
 
   explicit Metrics(bool enabled);
 
+  // The text exposition of every series, as a scrape reads it.
+  std::string Exposition() const;
+
   const bool enabled_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> process_;  // process_* figures
   std::unique_ptr<Families> families_;
   std::vector<std::unique_ptr<ModelMetrics>> models_;  // served models
   std::unique_ptr<ModelMetrics> unknown_;              // the "" one
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> http_;
 };
 
 }  // namespace attnserve::server
