@@ -145,6 +145,12 @@ void AttentionClient::SendAsync(grpc::ClientContext* context, const v1::ForwardR
   stub_->async()->Forward(context, request, response, std::move(done));
 }
 
+void AttentionClient::StartDecode(
+    grpc::ClientContext* context,
+    grpc::ClientBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* reactor) const {
+  stub_->async()->Decode(context, reactor);
+}
+
 absl::StatusOr<ForwardResult> AttentionClient::Forward(const ForwardRequestSpec& call) const {
   absl::StatusOr<v1::ForwardRequest> request = BuildRequest(call);
   if (!request.ok()) return request.status();

@@ -90,6 +90,14 @@ class AttentionClient {
   void SendAsync(grpc::ClientContext* context, const v1::ForwardRequest* request,
                  v1::ForwardResponse* response, std::function<void(grpc::Status)> done) const;
 
+  // Starts a Decode stream with `reactor` (DecodeSession's): no deadline, since a session lives
+  // as long as its user wants; `context` and `reactor` must live until the reactor's OnDone.
+  void StartDecode(grpc::ClientContext* context,
+                   grpc::ClientBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* reactor) const;
+
+  // The options the client was made with.
+  const ClientOptions& options() const { return options_; }
+
   // The models the server has loaded.
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() const;
 

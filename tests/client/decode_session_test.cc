@@ -1,0 +1,193 @@
+// DecodeSession against a real attnserve on loopback: steps equal Forward over the whole prefix,
+// refused steps leave the session usable, a stream that cannot open or that breaks ends it.
+#include "client/decode_session.h"
+
+#include <cmath>
+#include <memory>
+#include <random>
+
+#include "client/client.h"
+#include "client/packing.h"
+#include "gtest/gtest.h"
+#include "tests/client/process.h"
+#include "tests/client/shared_server.h"
+
+namespace attnserve::test {
+namespace {
+
+using client::AttentionClient;
+using client::DecodeOptions;
+using client::DecodeSession;
+using client::DecodeStepResult;
+using client::FloatArray;
+
+constexpr int64_t kWidth = 256;  // the demo model's d_model
+
+FloatArray Random(std::vector<int64_t> shape, uint32_t seed) {
+  FloatArray a{.shape = std::move(shape), .values = {}};
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  a.values.resize(static_cast<size_t>(a.ElementCount()));
+  for (float& v : a.values) v = u(rng);
+  return a;
+}
+
+// Rows [from, to) of sequence b of a padded [B, S, d] array, as [1, to - from, d].
+FloatArray Rows(const FloatArray& a, int64_t b, int64_t from, int64_t to) {
+  const int64_t s = a.shape[1], d = a.shape[2];
+  FloatArray out{.shape = {1, to - from, d}, .values = {}};
+  out.values.assign(a.values.begin() + (b * s + from) * d, a.values.begin() + (b * s + to) * d);
+  return out;
+}
+
+// The causal output of a whole sequence by one Forward: what every step must equal.
+FloatArray ForwardWhole(const AttentionClient& c, const FloatArray& sequence) {
+  client::ForwardRequestSpec spec;
+  spec.kind = v1::ATTENTION_KIND_CAUSAL;
+  spec.input = sequence;
+  absl::StatusOr<client::ForwardResult> r = c.Forward(spec);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->output : FloatArray{};
+}
+
+void ExpectNear(const FloatArray& got, const FloatArray& want, const std::string& what) {
+  ASSERT_EQ(got.shape, want.shape) << what;
+  double worst = 0;
+  for (size_t i = 0; i < got.values.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(got.values[i] - want.values[i])));
+  }
+  EXPECT_LT(worst, 1e-4) << what;
+}
+
+class DecodeSessionTest : public SharedServerTest {
+ protected:
+  static void SetUpTestSuite() { StartServer({"--threads", "2", "--log-level", "warn"}); }
+  void SetUp() override {
+    SharedServerTest::SetUp();
+    client_ = AttentionClient::Connect(server_->target());
+  }
+  std::unique_ptr<AttentionClient> client_;
+};
+
+TEST_F(DecodeSessionTest, PromptThenStepsEqualForwardOverThePrefix) {
+  // Two sequences: a prompt of 5 and 3 tokens (padded), then packed steps of 2 and 1, 1 and 0.
+  const FloatArray whole = Random({2, 8, kWidth}, 7);
+  auto session = DecodeSession::Open(*client_, DecodeOptions{.batch = 2});
+  ASSERT_TRUE(session.ok()) << session.status();
+  FloatArray prompt = Random({2, 5, kWidth}, 0);
+  for (int64_t b = 0; b < 2; ++b) {
+    FloatArray rows = Rows(whole, b, 0, 5);
+    std::copy(rows.values.begin(), rows.values.end(), prompt.values.begin() + b * 5 * kWidth);
+  }
+  absl::StatusOr<DecodeStepResult> first = (*session)->Step(prompt, {5, 3});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->positions, (std::vector<int64_t>{5, 3}));
+  ASSERT_EQ(first->output.shape, (std::vector<int64_t>{2, 5, kWidth}));
+
+  // Step 2 (packed): sequence 0 appends rows 5..6, sequence 1 its row 3.
+  FloatArray packed{.shape = {3, kWidth}, .values = {}};
+  for (const FloatArray& r : {Rows(whole, 0, 5, 7), Rows(whole, 1, 3, 4)}) {
+    packed.values.insert(packed.values.end(), r.values.begin(), r.values.end());
+  }
+  absl::StatusOr<DecodeStepResult> second = (*session)->Step(packed, {2, 1});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->positions, (std::vector<int64_t>{7, 4}));
+  ASSERT_EQ(second->output.shape, (std::vector<int64_t>{3, kWidth}));
+
+  // Each sequence's outputs are the rows of one Forward over it.
+  const FloatArray want0 = ForwardWhole(*client_, Rows(whole, 0, 0, 7));
+  const FloatArray want1 = ForwardWhole(*client_, Rows(whole, 1, 0, 4));
+  ExpectNear(Rows(first->output, 0, 0, 5), Rows(want0, 0, 0, 5), "prompt 0");
+  ExpectNear(Rows(first->output, 1, 0, 3), Rows(want1, 0, 0, 3), "prompt 1");
+  FloatArray step0{.shape = {1, 2, kWidth}, .values = {}};
+  step0.values.assign(second->output.values.begin(), second->output.values.begin() + 2 * kWidth);
+  ExpectNear(step0, Rows(want0, 0, 5, 7), "step 0");
+  FloatArray step1{.shape = {1, 1, kWidth}, .values = {}};
+  step1.values.assign(second->output.values.begin() + 2 * kWidth, second->output.values.end());
+  ExpectNear(step1, Rows(want1, 0, 3, 4), "step 1");
+  EXPECT_TRUE((*session)->Close().ok());
+  EXPECT_TRUE((*session)->ended());
+}
+
+TEST_F(DecodeSessionTest, TruncateRollsBackAndTheNextStepRecomputesTheSamePosition) {
+  auto session = DecodeSession::Open(*client_, DecodeOptions{});
+  ASSERT_TRUE(session.ok()) << session.status();
+  const FloatArray prompt = Random({1, 4, kWidth}, 1), a = Random({1, 1, kWidth}, 2);
+  ASSERT_TRUE((*session)->Step(prompt).ok());
+  absl::StatusOr<DecodeStepResult> once = (*session)->Step(a);
+  ASSERT_TRUE(once.ok()) << once.status();
+  ASSERT_TRUE((*session)->Step(Random({1, 1, kWidth}, 3)).ok());
+  absl::StatusOr<DecodeStepResult> again = (*session)->Step(a, {}, /*truncate_to=*/4);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->positions, (std::vector<int64_t>{5}));
+  ExpectNear(again->output, once->output, "after truncate");
+}
+
+TEST_F(DecodeSessionTest, RefusedStepsLeaveTheSessionUnchanged) {
+  auto session = DecodeSession::Open(*client_, DecodeOptions{});
+  ASSERT_TRUE(session.ok()) << session.status();
+  // A first message with the wrong width is refused in the stream; the session still opens.
+  absl::StatusOr<DecodeStepResult> wide = (*session)->Step(Random({1, 2, kWidth + 1}, 0));
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kInvalidArgument) << wide.status();
+  ASSERT_TRUE((*session)->Step(Random({1, 3, kWidth}, 0)).ok());
+  absl::StatusOr<DecodeStepResult> past = (*session)->Step(Random({1, 1, kWidth}, 0), {}, 9);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument) << past.status();
+  absl::StatusOr<DecodeStepResult> next = (*session)->Step(Random({1, 1, kWidth}, 0));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->positions, (std::vector<int64_t>{4}));
+  // B is checked before anything is sent.
+  EXPECT_EQ((*session)->Step(Random({2, 1, kWidth}, 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE((*session)->ended());
+}
+
+TEST_F(DecodeSessionTest, AnUnknownModelEndsTheStreamWithNotFound) {
+  auto session = DecodeSession::Open(*client_, DecodeOptions{.model = "nope"});
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<DecodeStepResult> step = (*session)->Step(Random({1, 1, kWidth}, 0));
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kNotFound) << step.status();
+  EXPECT_TRUE((*session)->ended());
+  EXPECT_EQ((*session)->Step(Random({1, 1, kWidth}, 0)).status().code(),
+            absl::StatusCode::kNotFound);
+  // A kind that is not causal is refused before a stream is made.
+  EXPECT_EQ(DecodeSession::Open(*client_, DecodeOptions{.kind = v1::ATTENTION_KIND_BIDIRECTIONAL})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DecodeSessionTest, CrossSessionKeepsItsContext) {
+  const FloatArray context = Random({1, 6, kWidth}, 4);
+  auto session = DecodeSession::Open(
+      *client_, DecodeOptions{.kind = v1::ATTENTION_KIND_CAUSAL_CROSS, .context = context});
+  ASSERT_TRUE(session.ok()) << session.status();
+  const FloatArray whole = Random({1, 3, kWidth}, 5);
+  absl::StatusOr<DecodeStepResult> a = (*session)->Step(Rows(whole, 0, 0, 2));
+  absl::StatusOr<DecodeStepResult> b = (*session)->Step(Rows(whole, 0, 2, 3));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  client::ForwardRequestSpec spec;
+  spec.kind = v1::ATTENTION_KIND_CAUSAL_CROSS;
+  spec.input = whole;
+  spec.context = context;
+  absl::StatusOr<client::ForwardResult> want = client_->Forward(spec);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ExpectNear(b->output, Rows(want->output, 0, 2, 3), "cross step");
+}
+
+// Its own server: stopping it breaks the stream, which the session reports as UNAVAILABLE.
+TEST(DecodeSessionBrokenTest, AServerThatDiesEndsTheSessionWithUnavailable) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(ATTNSERVE_SERVER_BIN, {"--log-level", "warn"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto c = AttentionClient::Connect((*server)->target());
+  auto session = DecodeSession::Open(*c, DecodeOptions{});
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE((*session)->Step(Random({1, 2, kWidth}, 0)).ok());
+  (*server)->Stop();
+  absl::StatusOr<DecodeStepResult> step = (*session)->Step(Random({1, 1, kWidth}, 0));
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kUnavailable) << step.status();
+  EXPECT_TRUE((*session)->ended());
+}
+
+}  // namespace
+}  // namespace attnserve::test
