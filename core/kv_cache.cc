@@ -73,8 +73,11 @@ void KvSequence::Write(int64_t position, const float* key, const float* value) {
 }
 
 void KvSequence::Truncate(int64_t length) {
-  if (length >= length_) return;
-  length_ = std::max<int64_t>(length, 0);
+  Rewind(length);
+  Shrink();
+}
+
+void KvSequence::Shrink() {
   FreeBlocksFrom(static_cast<size_t>((length_ + kKvBlockTokens - 1) / kKvBlockTokens));
 }
 

@@ -5,6 +5,7 @@
 // process, so a session's memory follows its length, not a maximum. A decode step reads every
 // cached key and value once, in place, block by block (Layer::Decode).
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -67,6 +68,14 @@ class KvSequence {
 
   // Drops the tokens at `length` and after, freeing the blocks no longer needed.
   void Truncate(int64_t length);
+
+  // Drops the tokens at `length` and after but keeps every block (a step about to append
+  // reuses them); Shrink frees what the length then does not need.
+  void Rewind(int64_t length) { length_ = std::min(length_, std::max<int64_t>(length, 0)); }
+  void Shrink();
+
+  // Blocks held.
+  int64_t blocks() const { return static_cast<int64_t>(blocks_.size()); }
 
   // Block `b`'s key and value rows (kKvBlockTokens of them, `width` apart), as stored.
   const void* keys(int64_t b) const { return blocks_[b].get(); }

@@ -66,6 +66,11 @@ class Layer {
   // InvalidArgument with a message that says what is wrong. The one place these are decided.
   absl::Status Validate(const ForwardArgs& args) const;
 
+  // The checks Validate applies to one batch, for a decode step's tokens (`context` false:
+  // width d_model) or a session's context (true: d_context): width, lengths, sizes, finite
+  // values. InvalidArgument naming `what`.
+  absl::Status ValidateBatch(const RaggedBatch& batch, bool context, const char* what) const;
+
   // The sizes of Forward's outputs for a valid call.
   ForwardShapes Shapes(const ForwardArgs& args) const;
 

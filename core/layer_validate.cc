@@ -177,6 +177,13 @@ absl::Status Layer::Validate(const ForwardArgs& args) const {
   return CheckCallSize(spec, args);
 }
 
+absl::Status Layer::ValidateBatch(const RaggedBatch& batch, bool context,
+                                  const char* what) const {
+  const LayerSpec& spec = this->spec();
+  return context ? CheckBatch(what, batch, spec.d_context, "d_context")
+                 : CheckBatch(what, batch, spec.d_model, "d_model");
+}
+
 absl::Status CheckOutputFinite(const RaggedBatch& input, std::span<const float> output,
                                int64_t width) {
   const float* row = output.data();

@@ -88,6 +88,23 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "merge with (unless --max-batch-tokens are queued sooner); 0 = run at once, "
                  "merging only calls already waiting")
       ->capture_default_str();
+  app.add_option("--kv-cache-mib", o.kv_cache_mib,
+                 "Decode sessions: MiB every session's KV cache may hold together; a step that "
+                 "does not fit gets RESOURCE_EXHAUSTED; 0 = a quarter of the memory the "
+                 "process may use (its cgroup's limit included)")
+      ->capture_default_str();
+  app.add_option("--max-sessions", o.max_sessions,
+                 "Decode sessions open at once; another gets RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  app.add_option("--max-session-tokens", o.max_session_tokens,
+                 "Tokens one sequence of a decode session may hold; a step past it gets "
+                 "RESOURCE_EXHAUSTED (truncate or end the session)")
+      ->capture_default_str();
+  app.add_option("--kv-cache-precision", o.kv_cache_precision,
+                 "Decode sessions' cache storage: auto (the model's precision), f32, or bf16 "
+                 "(half the bytes a step reads, outputs within bf16 rounding)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
+      ->capture_default_str();
   app.add_option("--queue-delay-target-ms", o.queue_delay_target_ms,
                  "Overload: once every call starting a run has waited longer than this for "
                  "100 ms, calls with a deadline that would wait longer are refused at once "

@@ -1,5 +1,9 @@
 #include "server/options.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
 #include <limits>
 #include <set>
 #include <string>
@@ -124,6 +128,15 @@ absl::Status CheckOptions(const ServerOptions& options) {
   if (options.max_batch_tokens < 0) {
     return absl::InvalidArgumentError("--max-batch-tokens must be >= 0");
   }
+  if (options.kv_cache_mib < 0 || options.max_sessions < 0 || options.max_session_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        "--kv-cache-mib and --max-sessions must be >= 0, --max-session-tokens positive");
+  }
+  if (options.kv_cache_precision != "auto" && options.kv_cache_precision != "f32" &&
+      options.kv_cache_precision != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-precision must be auto, f32 or bf16, got '",
+                                                   options.kv_cache_precision, "'"));
+  }
   if (options.queue_delay_target_ms < 0 || options.queue_delay_target_ms > 600'000) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--queue-delay-target-ms must be 0 to 600000, got ", options.queue_delay_target_ms));
@@ -150,6 +163,34 @@ absl::Status CheckOptions(const ServerOptions& options) {
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The memory this process may use: the machine's, or its cgroup's limit when lower (v2's
+// memory.max, v1's memory.limit_in_bytes).
+int64_t MemoryLimitBytes() {
+  int64_t limit = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  for (const char* path : {"/sys/fs/cgroup/memory.max",
+                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    int64_t value = 0;
+    if (in >> value && value > 0) limit = std::min(limit, value);
+  }
+  return limit;
+}
+
+}  // namespace
+
+SessionOptions MakeSessionOptions(const ServerOptions& options) {
+  SessionOptions sessions;
+  sessions.kv_cache_bytes =
+      options.kv_cache_mib > 0 ? options.kv_cache_mib << 20 : MemoryLimitBytes() / 4;
+  sessions.max_sessions = options.max_sessions;
+  sessions.max_session_tokens = options.max_session_tokens;
+  if (options.kv_cache_precision == "f32") sessions.precision = core::KvPrecision::kF32;
+  if (options.kv_cache_precision == "bf16") sessions.precision = core::KvPrecision::kBF16;
+  return sessions;
 }
 
 }  // namespace attnserve::server

@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "server/serving/model_config.h"
 #include "server/serving/scheduler.h"
+#include "server/serving/session.h"
 #include "server/transport/credentials.h"
 
 namespace attnserve::server {
@@ -35,6 +36,13 @@ struct ServerOptions {
   // dynamic batching: token target per run; 0: none
   int64_t max_batch_tokens = SchedulerOptions{}.max_batch_tokens;
   int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
+  // decode sessions: the KV cache budget in MiB (0: a quarter of the memory the process may
+  // use, its cgroup's limit included), sessions open at once, tokens one sequence may hold, and
+  // the cache's storage ("auto": the model's precision; "f32"; "bf16")
+  int64_t kv_cache_mib = 0;
+  int max_sessions = SessionOptions{}.max_sessions;
+  int64_t max_session_tokens = SessionOptions{}.max_session_tokens;
+  std::string kv_cache_precision = "auto";
   // overload: the queueing delay a model tolerates standing (CoDel's target); 0: none
   int64_t queue_delay_target_ms = SchedulerOptions{}.queue_delay_target.count();
   TlsFiles tls;                          // main port: TLS / mTLS when set
@@ -73,6 +81,10 @@ inline bool MetricsUseTls(const ServerOptions& options) {
 // Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'
 // (only the trailing `:key=value` parts with known keys are options).
 absl::StatusOr<ModelConfig> ParseModelFlag(absl::string_view flag);
+
+// The decode sessions' options the server's options say: the KV cache budget (its default
+// computed here), the limits and the cache precision.
+SessionOptions MakeSessionOptions(const ServerOptions& options);
 
 // Checks the options as a whole (listen address form, positive limits, unique model names).
 absl::Status CheckOptions(const ServerOptions& options);

@@ -165,13 +165,18 @@ absl::Status Server::Init(const ServerOptions& options) {
       .max_batch_tokens = options.max_batch_tokens,
       .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us),
       .queue_delay_target = std::chrono::milliseconds(options.queue_delay_target_ms)};
-  absl::StatusOr<std::unique_ptr<ModelRegistry>> registry = ModelRegistry::Load(
-      options.models, scheduler_options, options.compute_threads, reporter_.get());
+  const SessionOptions session_options = MakeSessionOptions(options);
+  absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
+      ModelRegistry::Load(options.models, scheduler_options, session_options.chunk_tokens,
+                          options.compute_threads, reporter_.get());
   if (!registry.ok()) return registry.status();
   registry_ = *std::move(registry);
   if (absl::Status status = StartMetrics(options); !status.ok()) return status;
 
-  admission_ = std::make_unique<Admission>(registry_.get(), reporter_.get(), MaxMessageBytes(options));
+  sessions_ = std::make_unique<SessionManager>(session_options);
+  metrics_->SetKvCacheLimit(session_options.kv_cache_bytes);
+  admission_ = std::make_unique<Admission>(registry_.get(), reporter_.get(), sessions_.get(),
+                                           MaxMessageBytes(options));
   service_ = std::make_unique<AttentionService>(admission_.get());
   inference_service_ = std::make_unique<InferenceService>(admission_.get());
   if (absl::Status status = StartMainPort(options); !status.ok()) return status;

@@ -91,6 +91,7 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   int metrics_port_ = 0;
   std::unique_ptr<CallReporter> reporter_;
+  std::unique_ptr<SessionManager> sessions_;  // outlives the registry and every session
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<AttentionService> service_;

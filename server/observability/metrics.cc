@@ -198,6 +198,33 @@ struct Metrics::Families {
                          .Help("Compute time spent on calls answered after their deadline, "
                                "in seconds (a share of each run, by the call's tokens).")
                          .Register(r)),
+        sessions(prometheus::BuildGauge()
+                     .Name("attnserve_sessions")
+                     .Help("Decode sessions open now, by model.")
+                     .Register(r)),
+        sessions_refused(prometheus::BuildCounter()
+                             .Name("attnserve_sessions_refused_total")
+                             .Help("Decode sessions or steps refused for a limit, by reason "
+                                   "(max_sessions, kv_cache, session_tokens).")
+                             .Register(r)),
+        kv_cache_bytes(prometheus::BuildGauge()
+                           .Name("attnserve_kv_cache_bytes")
+                           .Help("Bytes the decode sessions' KV caches hold, by model.")
+                           .Register(r)),
+        kv_cache_limit(prometheus::BuildGauge()
+                           .Name("attnserve_kv_cache_limit_bytes")
+                           .Help("The KV cache budget every session shares (--kv-cache-mib).")
+                           .Register(r)
+                           .Add({})),
+        decode_tokens(prometheus::BuildCounter()
+                          .Name("attnserve_decode_tokens_total")
+                          .Help("Tokens appended by decode steps, by model.")
+                          .Register(r)),
+        decode_step_tokens(prometheus::BuildHistogram()
+                               .Name("attnserve_decode_step_tokens")
+                               .Help("New tokens one compute run of decode steps held "
+                                     "(continuous batching across sessions).")
+                               .Register(r)),
         queue_depth(prometheus::BuildGauge()
                         .Name("attnserve_queue_depth")
                         .Help("Calls queued for compute now, by model.")
@@ -221,6 +248,12 @@ struct Metrics::Families {
   Family<Histogram>& batch_tokens;
   Family<Counter>& shed;
   Family<Counter>& late_compute;
+  Family<Gauge>& sessions;
+  Family<Counter>& sessions_refused;
+  Family<Gauge>& kv_cache_bytes;
+  Gauge& kv_cache_limit;
+  Family<Counter>& decode_tokens;
+  Family<Histogram>& decode_step_tokens;
   Family<Gauge>& queue_depth;
   Gauge& inflight;
   Family<Gauge>& model_info;
@@ -240,6 +273,13 @@ ModelMetrics::ModelMetrics(Metrics* metrics, std::string name) : name_(std::move
     shed_[reason] = &f.shed.Add({{"model", name_}, {"reason", kShedReasonNames[reason]}});
   }
   late_compute_ = &f.late_compute.Add(model);
+  sessions_ = &f.sessions.Add(model);
+  kv_cache_bytes_ = &f.kv_cache_bytes.Add(model);
+  decode_tokens_ = &f.decode_tokens.Add(model);
+  decode_step_tokens_ = &f.decode_step_tokens.Add(model, BatchTokenBuckets());
+  for (int reason = 0; reason < kSessionRefusals; ++reason) {
+    sessions_refused_[reason] = &f.sessions_refused.Add({{"reason", kSessionRefusalNames[reason]}});
+  }
 }
 
 void ModelMetrics::SetQueueDepth(int calls) {
@@ -267,6 +307,32 @@ void ModelMetrics::Shed(ShedReason reason) {
 void ModelMetrics::LateCompute(double seconds) {
   if (queue_depth_ == nullptr) return;
   late_compute_->Increment(seconds);
+}
+
+void ModelMetrics::SessionOpened() {
+  if (sessions_ != nullptr) sessions_->Increment();
+}
+
+void ModelMetrics::SessionClosed() {
+  if (sessions_ != nullptr) sessions_->Decrement();
+}
+
+void ModelMetrics::SessionRefused(SessionRefusal why) {
+  if (sessions_ != nullptr) sessions_refused_[static_cast<int>(why)]->Increment();
+}
+
+void ModelMetrics::SetKvCacheBytes(int64_t bytes) {
+  if (kv_cache_bytes_ != nullptr) kv_cache_bytes_->Set(static_cast<double>(bytes));
+}
+
+void ModelMetrics::DecodeRun(int64_t tokens) {
+  if (decode_tokens_ == nullptr) return;
+  decode_tokens_->Increment(static_cast<double>(tokens));
+  decode_step_tokens_->Observe(static_cast<double>(tokens));
+}
+
+void Metrics::SetKvCacheLimit(int64_t bytes) {
+  if (enabled_) families_->kv_cache_limit.Set(static_cast<double>(bytes));
 }
 
 Metrics::Metrics(bool enabled) : enabled_(enabled) {

@@ -46,6 +46,12 @@ inline constexpr int kShedReasons = 4;
 inline constexpr const char* kShedReasonNames[kShedReasons] = {"queue_full", "deadline",
                                                                "queue_delay", "expired"};
 
+// Why a decode session or step was refused for a limit (attnserve_sessions_refused_total).
+enum class SessionRefusal { kMaxSessions, kKvCache, kSessionTokens };
+inline constexpr int kSessionRefusals = 3;
+inline constexpr const char* kSessionRefusalNames[kSessionRefusals] = {
+    "max_sessions", "kv_cache", "session_tokens"};
+
 // One served model's series. A call for a model the server does not have is recorded on the
 // handle whose model label is "" (Metrics::ForModel), so clients cannot create series.
 class ModelMetrics {
@@ -70,6 +76,16 @@ class ModelMetrics {
   // (attnserve_late_compute_seconds_total): work no caller waited for.
   void LateCompute(double seconds);
 
+  // Decode sessions: one opened or closed (attnserve_sessions), one refused for `why`
+  // (attnserve_sessions_refused_total), the bytes the model's caches hold now
+  // (attnserve_kv_cache_bytes), and one compute run of decode steps holding `tokens` new tokens
+  // (attnserve_decode_tokens_total, attnserve_decode_step_tokens).
+  void SessionOpened();
+  void SessionClosed();
+  void SessionRefused(SessionRefusal why);
+  void SetKvCacheBytes(int64_t bytes);
+  void DecodeRun(int64_t tokens);
+
  private:
   friend class Metrics;
   static constexpr int kKinds = 5;   // core::AttentionKind's four, then "" (not known)
@@ -86,6 +102,11 @@ class ModelMetrics {
   prometheus::Histogram* batch_tokens_ = nullptr;
   std::array<prometheus::Counter*, kShedReasons> shed_{};
   prometheus::Counter* late_compute_ = nullptr;
+  prometheus::Gauge* sessions_ = nullptr;
+  prometheus::Gauge* kv_cache_bytes_ = nullptr;
+  prometheus::Counter* decode_tokens_ = nullptr;
+  prometheus::Histogram* decode_step_tokens_ = nullptr;
+  std::array<prometheus::Counter*, kSessionRefusals> sessions_refused_{};
   // Made on first use, so the exposition lists only the kinds and codes that happened.
   std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kKinds> requests_{};
   std::array<std::atomic<prometheus::Counter*>, kKinds> tokens_{};
@@ -116,6 +137,9 @@ class Metrics {
 
   // Series for a served model, made once at start-up (before calls arrive); its handle.
   ModelMetrics& AddModel(const std::string& name);
+
+  // Sets attnserve_kv_cache_limit_bytes, the budget every session's cache shares.
+  void SetKvCacheLimit(int64_t bytes);
 
   // Sets attnserve_model_info for a model (once it is loaded and its shapes are known).
   void SetModelInfo(const ModelSummary& model);

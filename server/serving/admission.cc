@@ -7,8 +7,24 @@
 
 namespace attnserve::server {
 
-Admission::Admission(ModelRegistry* registry, CallReporter* reporter, int64_t max_reply_bytes)
-    : registry_(registry), reporter_(reporter), max_reply_bytes_(max_reply_bytes) {}
+Admission::Admission(ModelRegistry* registry, CallReporter* reporter, SessionManager* sessions,
+                     int64_t max_reply_bytes)
+    : registry_(registry),
+      reporter_(reporter),
+      sessions_(sessions),
+      max_reply_bytes_(max_reply_bytes) {}
+
+absl::StatusOr<std::unique_ptr<Session>> Admission::OpenSession(absl::string_view model,
+                                                                core::AttentionKind kind,
+                                                                int64_t batch,
+                                                                const core::RaggedBatch* context) {
+  if (!accepting()) return absl::UnavailableError("the server is shutting down");
+  absl::StatusOr<ServedModel*> served = registry_->Find(model);
+  if (!served.ok()) return served.status();
+  return sessions_->Open((*served)->name, (*served)->layer, kind, batch, context,
+                         (*served)->decode.get(),
+                         &reporter_->metrics().ForModel((*served)->name));
+}
 
 void Admission::Admit(Job* job) {
   reporter_->Arrived();

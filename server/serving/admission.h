@@ -6,6 +6,7 @@
 #include "server/serving/call_reporter.h"
 #include "server/serving/job.h"
 #include "server/serving/model_registry.h"
+#include "server/serving/session.h"
 
 namespace attnserve::server {
 
@@ -18,11 +19,20 @@ namespace attnserve::server {
 // refused, by the scheduler otherwise.
 class Admission {
  public:
-  // `registry` and `reporter` outlive this; replies over `max_reply_bytes` are refused.
-  Admission(ModelRegistry* registry, CallReporter* reporter, int64_t max_reply_bytes);
+  // `registry`, `reporter` and `sessions` outlive this; replies over `max_reply_bytes` are
+  // refused.
+  Admission(ModelRegistry* registry, CallReporter* reporter, SessionManager* sessions,
+            int64_t max_reply_bytes);
 
   // Takes `job` from a frontend. Never throws and never blocks on compute.
   void Admit(Job* job);
+
+  // Opens a decode session of `batch` sequences on the model named `model` ("" for the only
+  // one): Unavailable when shutting down, NotFound for the model, then SessionManager::Open's
+  // refusals. `context` (kCausalCross) is copied.
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(absl::string_view model,
+                                                       core::AttentionKind kind, int64_t batch,
+                                                       const core::RaggedBatch* context);
 
   // From now on calls are answered Unavailable (shutdown has begun).
   void StopAccepting() { accepting_.store(false); }
@@ -36,6 +46,7 @@ class Admission {
 
   ModelRegistry* const registry_;
   CallReporter* const reporter_;
+  SessionManager* const sessions_;
   const int64_t max_reply_bytes_;
   std::atomic<bool> accepting_{true};
 };

@@ -46,7 +46,7 @@ ModelSummary Summarize(absl::string_view name, absl::string_view source, const c
 
 absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Load(
     const std::vector<ModelConfig>& configs, const SchedulerOptions& scheduler_options,
-    int compute_threads, CallReporter* reporter) {
+    int64_t decode_chunk_tokens, int compute_threads, CallReporter* reporter) {
   std::vector<ModelConfig> wanted = configs;
   if (wanted.empty()) wanted.emplace_back().name = "demo";
   std::unique_ptr<ModelRegistry> registry(new ModelRegistry);
@@ -64,6 +64,9 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Load(
     model->summary = Summarize(model->name, model->source, *model->layer);
     model->scheduler = std::make_unique<Scheduler>(model->name, model->layer, scheduler_options,
                                                    registry->executor_.get(), reporter);
+    model->decode =
+        std::make_unique<DecodeQueue>(model->name, decode_chunk_tokens, registry->executor_.get(),
+                                      &reporter->metrics().ForModel(model->name));
     registry->models_.push_back(std::move(model));
   }
   return registry;
@@ -89,8 +92,14 @@ int ModelRegistry::pending() const {
 
 void ModelRegistry::Drain(Clock::time_point deadline) {
   // Every queue closes first, so all models drain at once rather than one after another.
-  for (const auto& model : models_) model->scheduler->Close(deadline);
-  for (const auto& model : models_) model->scheduler->Join();
+  for (const auto& model : models_) {
+    model->scheduler->Close(deadline);
+    model->decode->Close();
+  }
+  for (const auto& model : models_) {
+    model->scheduler->Join();
+    model->decode->Join();
+  }
 }
 
 std::string ModelRegistry::Names() const {

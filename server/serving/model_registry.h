@@ -12,6 +12,7 @@
 #include "server/serving/call_reporter.h"
 #include "server/serving/compute_executor.h"
 #include "server/serving/model_config.h"
+#include "server/serving/decode_queue.h"
 #include "server/serving/scheduler.h"
 
 namespace attnserve::server {
@@ -24,6 +25,7 @@ struct ServedModel {
   std::shared_ptr<const core::Layer> layer;
   ModelSummary summary;
   std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<DecodeQueue> decode;  // its sessions' steps
 };
 
 // What `layer`, served as `name` from `source`, is (ServedModel::summary).
@@ -33,12 +35,12 @@ ModelSummary Summarize(absl::string_view name, absl::string_view source, const c
 class ModelRegistry {
  public:
   // Loads every model (the demo layer, named "demo", when `configs` is empty), each with its
-  // scheduler on one compute executor of `compute_threads` (0: every core); answers go through
+  // scheduler and decode queue (steps of `decode_chunk_tokens` at most) on one compute executor of `compute_threads` (0: every core); answers go through
   // `reporter`, which outlives the registry. The first model that fails stops the loading with
   // the loader's message, prefixed by the model's name.
   static absl::StatusOr<std::unique_ptr<ModelRegistry>> Load(
       const std::vector<ModelConfig>& configs, const SchedulerOptions& scheduler_options,
-      int compute_threads, CallReporter* reporter);
+      int64_t decode_chunk_tokens, int compute_threads, CallReporter* reporter);
 
   // The model a call names. An empty name means the only model; with several loaded it is
   // InvalidArgument, and an unknown name NotFound, both listing the models there are.

@@ -1,7 +1,9 @@
 #include "server/frontends/v1/attention_service.h"
 
+#include <algorithm>
 #include <string>
 
+#include "server/frontends/v1/decode_call.h"
 #include "server/frontends/v1/forward_call.h"
 #include "server/frontends/v1/forward_codec.h"
 #include "server/frontends/raw_call.h"
@@ -27,6 +29,11 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerConte
       });
 }
 
+grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* AttentionService::Decode(
+    grpc::CallbackServerContext* context) {
+  return new DecodeCall(admission_, context);
+}
+
 v1::ModelInfo DescribeModel(const ModelSummary& model) {
   v1::ModelInfo info;
   info.set_name(model.name);
@@ -40,6 +47,7 @@ v1::ModelInfo DescribeModel(const ModelSummary& model) {
   info.set_precision(model.precision);
   for (core::AttentionKind kind : model.kinds) info.add_kinds(KindToProto(kind));
   info.set_source(model.source);
+  info.set_serves_sessions(std::any_of(model.kinds.begin(), model.kinds.end(), core::IsCausal));
   return info;
 }
 

@@ -42,8 +42,11 @@ std::span<const int64_t> Shape(const v1::Tensor& tensor) {
   return {tensor.shape().data(), static_cast<size_t>(tensor.shape_size())};
 }
 
-absl::Status DecodeBatch(const v1::Tensor& tensor, const Lengths& lengths, absl::string_view what,
-                         std::vector<float>* copy, bool* raw, core::RaggedBatch* batch) {
+}  // namespace
+
+absl::Status DecodeTensorBatch(const v1::Tensor& tensor, const Lengths& lengths,
+                               absl::string_view what, std::vector<float>* copy, bool* raw,
+                               core::RaggedBatch* batch) {
   // Shape and data only: finiteness and the layer's widths are Layer::Validate's, run once.
   absl::StatusOr<int64_t> count = ElementCount(Shape(tensor), what);
   if (!count.ok()) return count.status();
@@ -53,17 +56,12 @@ absl::Status DecodeBatch(const v1::Tensor& tensor, const Lengths& lengths, absl:
                    what, batch);
 }
 
-// An absent context and an empty one mean the same: no context.
-bool HasContext(const v1::ForwardRequest& request) {
-  if (!request.has_context()) return false;
-  const v1::Tensor& c = request.context();
-  return c.shape_size() > 0 || c.values_size() > 0 || !c.raw().empty();
+bool HasTensor(const v1::Tensor& tensor) {
+  return tensor.shape_size() > 0 || tensor.values_size() > 0 || !tensor.raw().empty();
 }
 
-// Writes `shape` and sizes the data of `tensor`, returning the float span to fill. A count
-// that a repeated field or the wire cannot hold is refused here, whatever admission checked.
-absl::StatusOr<std::span<float>> SizeTensor(const std::vector<int64_t>& shape, int64_t count,
-                                            bool raw, v1::Tensor* tensor) {
+absl::StatusOr<std::span<float>> SizeReplyTensor(const std::vector<int64_t>& shape, int64_t count,
+                                                 bool raw, v1::Tensor* tensor) {
   if (absl::Status status = CheckReplyFloats(count); !status.ok()) return status;
   tensor->mutable_shape()->Assign(shape.begin(), shape.end());
   if (raw) {
@@ -74,6 +72,8 @@ absl::StatusOr<std::span<float>> SizeTensor(const std::vector<int64_t>& shape, i
   tensor->mutable_values()->Resize(static_cast<int>(count), 0.0f);
   return std::span<float>(tensor->mutable_values()->mutable_data(), static_cast<size_t>(count));
 }
+
+namespace {
 
 // The kinds as the wire spells them (the enum's value names, what JSON and protobufjs clients
 // send), so a message never names a kind the caller cannot send.
@@ -126,10 +126,10 @@ absl::Status DecodeForwardRequest(const v1::ForwardRequest& request, DecodedForw
   core::ForwardArgs& args = decoded->args;
   args.kind = *kind;
   args.return_attention = request.return_attention();
-  absl::Status status = DecodeBatch(request.input(), request.lengths(), "input",
+  absl::Status status = DecodeTensorBatch(request.input(), request.lengths(), "input",
                                     &decoded->input_copy, &decoded->raw_encoding, &args.input);
   if (!status.ok()) return status;
-  if (!HasContext(request)) {
+  if (!request.has_context() || !HasTensor(request.context())) {
     if (!request.context_lengths().empty()) {
       return absl::InvalidArgumentError("context_lengths given without a context");
     }
@@ -138,7 +138,7 @@ absl::Status DecodeForwardRequest(const v1::ForwardRequest& request, DecodedForw
   }
   // The reply's encoding follows the input's alone; the context may come either way.
   args.context.emplace();
-  return DecodeBatch(request.context(), request.context_lengths(), "context",
+  return DecodeTensorBatch(request.context(), request.context_lengths(), "context",
                      &decoded->context_copy, /*raw=*/nullptr, &*args.context);
 }
 
@@ -147,13 +147,13 @@ absl::StatusOr<ForwardBuffers> PrepareForwardResponse(const DecodedForward& deco
                                                       v1::ForwardResponse* response) {
   ForwardBuffers buffers;
   absl::StatusOr<std::span<float>> output =
-      SizeTensor(OutputShape(decoded.args.input, shapes), shapes.output_size(),
+      SizeReplyTensor(OutputShape(decoded.args.input, shapes), shapes.output_size(),
                  decoded.raw_encoding, response->mutable_output());
   if (!output.ok()) return output.status();
   buffers.output = *output;
   if (decoded.args.return_attention) {
     absl::StatusOr<std::span<float>> attention =
-        SizeTensor(AttentionShape(shapes), shapes.attention_size(), decoded.raw_encoding,
+        SizeReplyTensor(AttentionShape(shapes), shapes.attention_size(), decoded.raw_encoding,
                    response->mutable_attention());
     if (!attention.ok()) return attention.status();
     buffers.attention = *attention;

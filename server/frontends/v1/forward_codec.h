@@ -39,6 +39,22 @@ v1::AttentionKind KindToProto(core::AttentionKind kind);
 // finiteness is checked once, by core::Layer::Validate at admission.
 absl::Status DecodeForwardRequest(const v1::ForwardRequest& request, DecodedForward* decoded);
 
+// Decodes `tensor` with its `lengths` into `batch` (pointing into the tensor; `copy` holds
+// misaligned raw bytes), saying in `raw` (when not null) whether it came as raw bytes.
+// InvalidArgument naming `what`. Forward's and Decode's tensors alike.
+absl::Status DecodeTensorBatch(const v1::Tensor& tensor,
+                               const google::protobuf::RepeatedField<int32_t>& lengths,
+                               absl::string_view what, std::vector<float>* copy, bool* raw,
+                               core::RaggedBatch* batch);
+
+// An absent tensor and an empty one mean the same: none.
+bool HasTensor(const v1::Tensor& tensor);
+
+// Writes `shape` into `tensor` and sizes its data (raw bytes or values, zero-filled), returning
+// the floats to fill. ResourceExhausted for a count a reply cannot hold.
+absl::StatusOr<std::span<float>> SizeReplyTensor(const std::vector<int64_t>& shape, int64_t count,
+                                                 bool raw, v1::Tensor* tensor);
+
 // Sizes the response's tensors in the request's encoding and layout, zero-filled, and returns
 // spans over them for Forward to write into. ResourceExhausted for a size the reply cannot hold.
 absl::StatusOr<ForwardBuffers> PrepareForwardResponse(const DecodedForward& decoded,

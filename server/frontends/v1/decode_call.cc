@@ -1,0 +1,210 @@
+#include "server/frontends/v1/decode_call.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/frontends/grpc_status.h"
+#include "server/frontends/tensor_codec.h"
+#include "server/frontends/v1/forward_codec.h"
+
+namespace attnserve::server {
+
+DecodeCall::DecodeCall(Admission* admission, grpc::CallbackServerContext* context)
+    : admission_(admission), context_(context) {
+  StartRead(&request_);
+}
+
+void DecodeCall::OnReadDone(bool ok) {
+  if (!ok) {
+    // The client closed its side (the session's normal end) or the stream broke.
+    End(grpc::Status::OK);
+    return;
+  }
+  Take();
+}
+
+void DecodeCall::Take() {
+  if (!admission_->accepting()) {
+    // Draining: the stream ends, so its client replays its sequence on another replica.
+    End(ToGrpcStatus(absl::UnavailableError("the server is shutting down")));
+    return;
+  }
+  response_.Clear();
+  if (session_ == nullptr) {
+    if (!OpenSession()) return;
+  } else if (absl::Status s = DecodeNext(); !s.ok()) {
+    Answer(s);
+    return;
+  }
+  StepArgs args;
+  if (absl::Status s = MakeStep(&args); !s.ok()) {
+    Answer(s);
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    step_in_flight_ = true;
+  }
+  const absl::Status refused =
+      session_->Step(std::move(args), [this](absl::Status status) { StepDone(status); });
+  if (!refused.ok()) {
+    {
+      std::lock_guard lock(mu_);
+      step_in_flight_ = false;
+    }
+    Answer(refused);
+  }
+}
+
+bool DecodeCall::OpenSession() {
+  absl::StatusOr<core::AttentionKind> kind = KindFromProto(request_.kind());
+  if (kind.ok() && !core::IsCausal(*kind)) {
+    kind = absl::InvalidArgumentError(
+        "a session's first message sets kind ATTENTION_KIND_CAUSAL or "
+        "ATTENTION_KIND_CAUSAL_CROSS");
+  }
+  absl::Status s = kind.status();
+  if (s.ok()) {
+    s = DecodeTensorBatch(request_.input(), request_.lengths(), "input", &input_copy_, &raw_,
+                          &input_);
+  }
+  const bool cross = kind.ok() && *kind == core::AttentionKind::kCausalCross;
+  if (s.ok() && cross != HasTensor(request_.context())) {
+    s = absl::InvalidArgumentError(cross ? "a causal_cross session's first message carries "
+                                           "its context"
+                                         : "a causal session takes no context");
+  }
+  core::RaggedBatch context;
+  std::vector<float> context_copy;
+  if (s.ok() && cross) {
+    s = DecodeTensorBatch(request_.context(), request_.context_lengths(), "context",
+                          &context_copy, nullptr, &context);
+  }
+  if (!s.ok()) {
+    Answer(s);
+    return false;
+  }
+  absl::StatusOr<std::unique_ptr<Session>> session =
+      admission_->OpenSession(request_.model(), *kind, input_.batch(), cross ? &context : nullptr);
+  if (session.ok() && cross) {
+    absl::Status valid = (*session)->layer()->ValidateBatch(context, /*context=*/true, "context");
+    if (!valid.ok()) session = valid;
+  }
+  if (!session.ok()) {
+    // A message the client can correct is answered in the stream; a session that cannot be
+    // had here (no such model, no room, shutting down) ends it.
+    if (absl::IsInvalidArgument(session.status())) {
+      Answer(session.status());
+    } else {
+      End(ToGrpcStatus(session.status()));
+    }
+    return false;
+  }
+  session_ = *std::move(session);
+  return true;
+}
+
+absl::Status DecodeCall::DecodeNext() {
+  if (!request_.model().empty() && request_.model() != session_->model()) {
+    return absl::InvalidArgumentError("model differs from the session's (set by its first message)");
+  }
+  if (request_.kind() != v1::ATTENTION_KIND_UNSPECIFIED &&
+      KindFromProto(request_.kind()).value_or(core::AttentionKind::kBidirectional) !=
+          session_->kind()) {
+    return absl::InvalidArgumentError("kind differs from the session's (set by its first message)");
+  }
+  if (HasTensor(request_.context()) || !request_.context_lengths().empty()) {
+    return absl::InvalidArgumentError("a session's context comes in its first message only");
+  }
+  return DecodeTensorBatch(request_.input(), request_.lengths(), "input", &input_copy_, &raw_,
+                           &input_);
+}
+
+absl::Status DecodeCall::MakeStep(StepArgs* args) {
+  const core::Layer& layer = *session_->layer();
+  if (absl::Status s = layer.ValidateBatch(input_, /*context=*/false, "input"); !s.ok()) return s;
+  if (input_.batch() != session_->batch()) {
+    return absl::InvalidArgumentError(absl::StrCat("the session has ", session_->batch(),
+                                                   " sequences; this message has ",
+                                                   input_.batch()));
+  }
+  core::ForwardShapes shapes;
+  shapes.output_rows = input_.rows();
+  shapes.output_width = layer.spec().d_output();
+  absl::StatusOr<std::span<float>> output =
+      SizeReplyTensor(OutputShape(input_, shapes), shapes.output_size(), raw_,
+                      response_.mutable_output());
+  if (!output.ok()) return output.status();
+  const std::vector<int64_t> offsets = input_.row_offsets();
+  for (int64_t b = 0; b < input_.batch(); ++b) {
+    args->inputs.push_back(input_.data + offsets[b] * input_.width);
+    args->tokens.push_back(input_.lengths[b]);
+    args->outputs.push_back(output->data() + offsets[b] * shapes.output_width);
+  }
+  if (request_.has_truncate_to()) args->truncate_to = request_.truncate_to();
+  return absl::OkStatus();
+}
+
+void DecodeCall::StepDone(const absl::Status& status) {
+  bool cancelled;
+  {
+    std::lock_guard lock(mu_);
+    step_in_flight_ = false;
+    cancelled = cancelled_;
+  }
+  if (cancelled) {
+    End(ToGrpcStatus(absl::CancelledError("the stream ended")));
+    return;
+  }
+  Answer(status);
+}
+
+void DecodeCall::Answer(const absl::Status& status) {
+  if (!status.ok()) {
+    response_.clear_output();
+    response_.set_error_code(static_cast<int32_t>(status.code()));
+    response_.set_error_message(std::string(status.message()));
+  }
+  response_.clear_positions();
+  if (session_ != nullptr) {
+    for (int64_t position : session_->positions()) response_.add_positions(position);
+  }
+  StartWrite(&response_);
+}
+
+void DecodeCall::OnWriteDone(bool ok) {
+  if (!ok) {
+    End(grpc::Status::OK);
+    return;
+  }
+  StartRead(&request_);
+}
+
+void DecodeCall::OnCancel() {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+    if (step_in_flight_) session = session_;
+  }
+  // A queued step comes back at once (StepDone then ends the stream); a running one finishes.
+  if (session != nullptr) session->CancelStep(absl::CancelledError("the stream ended"));
+}
+
+void DecodeCall::End(const grpc::Status& status) {
+  {
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    if (step_in_flight_) {
+      cancelled_ = true;  // StepDone ends the stream
+      return;
+    }
+    finished_ = true;
+  }
+  session_.reset();  // the cache is freed now, not when gRPC lets go of the call
+  Finish(status);
+}
+
+void DecodeCall::OnDone() { delete this; }
+
+}  // namespace attnserve::server

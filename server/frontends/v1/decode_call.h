@@ -1,0 +1,61 @@
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "attnserve/v1/attention.grpc.pb.h"
+#include "grpcpp/support/server_callback.h"
+#include "server/serving/admission.h"
+#include "server/serving/session.h"
+
+namespace attnserve::server {
+
+// One attnserve.v1 Decode stream: one session. Each message is converted into a step of the
+// session (the first opens it through admission) and answered in the stream when the step has
+// run; a refused message is answered with its error_code and changes nothing. The session, and
+// its cache, ends with the stream: the client's end, a cancel, a deadline, a broken connection.
+class DecodeCall final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+ public:
+  // `admission` outlives the call. Starts reading.
+  DecodeCall(Admission* admission, grpc::CallbackServerContext* context);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  // The message just read: a step, or an answer with an error.
+  void Take();
+  // Opens the session on the first message (decoding its input); false, after answering or
+  // ending, when it cannot.
+  bool OpenSession();
+  // Decodes a later message's input, after checking it does not try to change the session.
+  absl::Status DecodeNext();
+  // Converts request_ into the step's arguments and sizes response_'s output.
+  absl::Status MakeStep(StepArgs* args);
+  // The step has run (any thread): answer it, or end if the stream was cancelled meanwhile.
+  void StepDone(const absl::Status& status);
+  // Writes response_ with `status` (and the positions), then reads the next message.
+  void Answer(const absl::Status& status);
+  // Finishes the stream once, freeing the session first; waits for a step in flight.
+  void End(const grpc::Status& status);
+
+  Admission* const admission_;
+  grpc::CallbackServerContext* const context_;
+  v1::DecodeRequest request_;
+  v1::DecodeResponse response_;
+  // Shared only so that OnCancel can take a queued step back while the session may end.
+  std::shared_ptr<Session> session_;
+  core::RaggedBatch input_;
+  std::vector<float> input_copy_;
+  bool raw_ = false;
+
+  std::mutex mu_;
+  bool step_in_flight_ = false;  // guarded by mu_
+  bool cancelled_ = false;       // guarded by mu_
+  bool finished_ = false;        // guarded by mu_
+};
+
+}  // namespace attnserve::server

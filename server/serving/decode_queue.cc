@@ -1,0 +1,182 @@
+#include "server/serving/decode_queue.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/observability/metrics.h"
+
+namespace attnserve::server {
+
+DecodeQueue::DecodeQueue(std::string model_name, int64_t chunk_tokens, ComputeExecutor* executor,
+                         ModelMetrics* metrics)
+    : model_name_(std::move(model_name)),
+      chunk_tokens_(std::max<int64_t>(chunk_tokens, 1)),
+      executor_(executor),
+      metrics_(metrics) {
+  executor_->Add(this);
+}
+
+DecodeQueue::~DecodeQueue() {
+  Close();
+  Join();
+  executor_->Remove(this);
+}
+
+void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(absl::Status)> done) {
+  {
+    std::lock_guard lock(mu_);
+    if (!closed_) {
+      const size_t sequences = args.tokens.size();
+      pending_.push_back({session, std::move(args), std::move(done),
+                          std::vector<int64_t>(sequences, 0), false, false});
+      done = nullptr;
+    }
+  }
+  if (done) {
+    done(absl::UnavailableError("the server is shutting down"));
+    return;
+  }
+  executor_->Notify();
+}
+
+void DecodeQueue::Cancel(Session* session, const absl::Status& why) {
+  std::function<void(absl::Status)> done;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+      if (it->session != session || it->running) continue;
+      done = std::move(it->done);
+      // What the step reserved goes back: the session is unchanged but for finished chunks.
+      pending_.erase(it);
+      break;
+    }
+    if (pending_.empty() && !running_) idle_cv_.notify_all();
+  }
+  if (done) done(why);
+}
+
+void DecodeQueue::Close() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  executor_->Notify();
+}
+
+bool DecodeQueue::closed() const {
+  std::lock_guard lock(mu_);
+  return closed_;
+}
+
+void DecodeQueue::Join() {
+  std::unique_lock lock(mu_);
+  idle_cv_.wait(lock, [this] { return pending_.empty() && !running_; });
+}
+
+Clock::time_point DecodeQueue::ReadyAt(Clock::time_point now) const {
+  std::lock_guard lock(mu_);
+  return pending_.empty() ? Clock::time_point::max() : now;
+}
+
+bool DecodeQueue::Finished(const Pending& step) {
+  for (size_t b = 0; b < step.args.tokens.size(); ++b) {
+    if (step.done_tokens[b] < step.args.tokens[b]) return false;
+  }
+  return true;
+}
+
+void DecodeQueue::AddChunk(Pending& step, int64_t* budget,
+                           std::vector<core::DecodeSequence>* run,
+                           std::vector<size_t>* sequence_of) const {
+  Session& session = *step.session;
+  const int64_t width = session.layer()->spec().d_model;
+  const int64_t out_width = session.layer()->spec().d_output();
+  for (size_t b = 0; b < step.args.tokens.size() && *budget > 0; ++b) {
+    const int64_t offset = step.done_tokens[b];
+    const int64_t n = std::min(step.args.tokens[b] - offset, *budget);
+    if (n <= 0) continue;
+    core::DecodeSequence seq;
+    seq.input = step.args.inputs[b] + offset * width;
+    seq.tokens = n;
+    seq.position = session.positions_[b];
+    if (session.kind() == core::AttentionKind::kCausal) {
+      seq.cache = session.caches_[b].get();
+    } else {
+      seq.context = session.contexts_[b].get();
+    }
+    seq.output = step.args.outputs[b] + offset * out_width;
+    run->push_back(seq);
+    sequence_of->push_back(b);
+    *budget -= n;
+  }
+}
+
+void DecodeQueue::RunNext(Clock::time_point /*now*/) {
+  std::vector<Pending*> steps;
+  {
+    std::lock_guard lock(mu_);
+    if (pending_.empty()) return;
+    // One kind a run (one Layer::Decode); the other kind's steps go next, in arrival order.
+    const core::AttentionKind kind = pending_.front().session->kind();
+    for (Pending& step : pending_) {
+      if (step.session->kind() != kind) continue;
+      step.running = true;
+      steps.push_back(&step);
+    }
+    running_ = true;
+  }
+  const std::shared_ptr<const core::Layer>& layer = steps.front()->session->layer();
+  absl::Status status;
+  std::vector<core::DecodeSequence> run;
+  std::vector<size_t> step_of, sequence_of;  // each run entry's step and sequence
+  try {
+    for (size_t i = 0; i < steps.size() && status.ok(); ++i) {
+      Session& session = *steps[i]->session;
+      // A causal cross session's context is projected once, by its first run.
+      for (size_t b = 0; b < session.pending_context_.size() && status.ok(); ++b) {
+        const int64_t tokens =
+            static_cast<int64_t>(session.pending_context_[b].size()) / layer->spec().d_context;
+        status = layer->ProjectContext(session.pending_context_[b].data(), tokens,
+                                       session.contexts_[b].get());
+      }
+      session.pending_context_.clear();
+      int64_t budget = chunk_tokens_;
+      AddChunk(*steps[i], &budget, &run, &sequence_of);
+      step_of.resize(run.size(), i);
+    }
+    if (status.ok()) status = layer->Decode(steps.front()->session->kind(), run);
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
+  }
+  int64_t tokens = 0;
+  for (const core::DecodeSequence& seq : run) tokens += seq.tokens;
+  if (metrics_ != nullptr && status.ok()) metrics_->DecodeRun(tokens);
+  // Each step's sequences move on by what this run computed.
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> answers;
+  {
+    std::lock_guard lock(mu_);
+    if (status.ok()) {
+      for (size_t k = 0; k < run.size(); ++k) {
+        Pending& step = *steps[step_of[k]];
+        step.done_tokens[sequence_of[k]] += run[k].tokens;
+        step.session->positions_[sequence_of[k]] += run[k].tokens;
+      }
+    }
+    for (Pending* step : steps) {
+      step->running = false;
+      if (status.ok() && !Finished(*step)) continue;
+      for (auto& cache : step->session->caches_) cache->Shrink();
+      answers.emplace_back(std::move(step->done), status);
+      step->answered = true;
+    }
+    pending_.remove_if([](const Pending& step) { return step.answered; });
+    running_ = false;
+    if (pending_.empty()) idle_cv_.notify_all();
+  }
+  if (metrics_ != nullptr) metrics_->SetKvCacheBytes(kv_bytes_.load());
+  for (auto& [done, answer] : answers) done(answer);
+}
+
+}  // namespace attnserve::server

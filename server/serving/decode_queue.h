@@ -1,0 +1,77 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <condition_variable>
+#include <list>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/layer.h"
+#include "server/serving/compute_executor.h"
+#include "server/serving/session.h"
+
+namespace attnserve::server {
+
+class ModelMetrics;
+
+// One model's decode steps, of all its sessions, run by the compute executor in turns with the
+// model's Forward calls: each run takes the waiting steps (of one kind) and computes them as one
+// Layer::Decode (continuous batching: every session's new tokens in one matmul), a long step a
+// chunk at a time so that it does not stall the others.
+class DecodeQueue final : public RunQueue {
+ public:
+  // `executor` and `metrics` outlive the queue; it registers with the executor.
+  DecodeQueue(std::string model_name, int64_t chunk_tokens, ComputeExecutor* executor,
+              ModelMetrics* metrics);
+  // Drains (refuses new steps, finishes queued ones) and leaves the executor.
+  ~DecodeQueue();
+
+  // Queues a checked and reserved step of `session`. `done` runs once, on the compute thread.
+  void Submit(Session* session, StepArgs args, std::function<void(absl::Status)> done);
+
+  // Takes the session's queued step back and answers it `why`; nothing if it is running.
+  void Cancel(Session* session, const absl::Status& why);
+
+  // Refuses new steps from now on (Unavailable); queued steps still run. Join waits for them.
+  void Close();
+  void Join();
+  bool closed() const;
+
+  // The bytes the model's sessions' caches hold (attnserve_kv_cache_bytes).
+  std::atomic<int64_t>& kv_bytes() { return kv_bytes_; }
+
+  Clock::time_point ReadyAt(Clock::time_point now) const override;
+  void RunNext(Clock::time_point now) override;
+
+ private:
+  struct Pending {
+    Session* session;
+    StepArgs args;
+    std::function<void(absl::Status)> done;
+    std::vector<int64_t> done_tokens;  // per sequence: tokens already computed
+    bool running = false;
+    bool answered = false;
+  };
+  // One run's share of `step`: the next chunk of each of its sequences.
+  // `sequence_of` gets the sequence of each entry added.
+  void AddChunk(Pending& step, int64_t* budget, std::vector<core::DecodeSequence>* run,
+                std::vector<size_t>* sequence_of) const;
+  static bool Finished(const Pending& step);
+
+  const std::string model_name_;
+  const int64_t chunk_tokens_;
+  ComputeExecutor* const executor_;
+  ModelMetrics* const metrics_;
+  std::atomic<int64_t> kv_bytes_{0};
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;
+  std::list<Pending> pending_;  // guarded by mu_ (a list: a running step stays put)
+  bool closed_ = false;          // guarded by mu_
+  bool running_ = false;         // guarded by mu_
+};
+
+}  // namespace attnserve::server

@@ -1,0 +1,151 @@
+#include "server/serving/session.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/observability/metrics.h"
+#include "server/serving/decode_queue.h"
+
+namespace attnserve::server {
+
+SessionManager::SessionManager(SessionOptions options)
+    : options_(options), budget_(options.kv_cache_bytes) {}
+
+absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
+    const std::string& model, std::shared_ptr<const core::Layer> layer, core::AttentionKind kind,
+    int64_t batch, const core::RaggedBatch* context, DecodeQueue* queue, ModelMetrics* metrics) {
+  if (kind != core::AttentionKind::kCausal && kind != core::AttentionKind::kCausalCross) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a decode session is causal or causal_cross, not ", std::string(core::KindName(kind))));
+  }
+  if (!layer->spec().Serves(kind)) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", model, "' does not serve ",
+                                                   std::string(core::KindName(kind)), " (d_context ",
+                                                   layer->spec().d_context, " != d_model ",
+                                                   layer->spec().d_model, ")"));
+  }
+  if (batch <= 0) {
+    return absl::InvalidArgumentError("a session's first message has no sequences");
+  }
+  if ((kind == core::AttentionKind::kCausalCross) != (context != nullptr)) {
+    return absl::InvalidArgumentError(
+        kind == core::AttentionKind::kCausalCross
+            ? "a causal_cross session's first message carries its context"
+            : "a causal session takes no context");
+  }
+  if (context != nullptr && context->batch() != batch) {
+    return absl::InvalidArgumentError(absl::StrCat("context batch ", context->batch(),
+                                                   " != input batch ", batch));
+  }
+  int open = open_.load();
+  do {
+    if (open >= options_.max_sessions) {
+      if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kMaxSessions);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          open, " sessions are open, the limit (--max-sessions); end one or go elsewhere"));
+    }
+  } while (!open_.compare_exchange_weak(open, open + 1));
+  std::unique_ptr<Session> session(
+      new Session(this, model, std::move(layer), kind, queue, metrics));
+  const core::KvPrecision precision =
+      options_.precision.value_or(session->layer_->precision() == core::Precision::kBF16
+                                      ? core::KvPrecision::kBF16
+                                      : core::KvPrecision::kF32);
+  const int64_t width = session->layer_->spec().inner();
+  session->positions_.assign(batch, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    session->caches_.push_back(
+        std::make_unique<core::KvSequence>(width, precision, &budget_, &queue->kv_bytes()));
+  }
+  if (context != nullptr) {
+    const std::vector<int64_t> offsets = context->row_offsets();
+    for (int64_t b = 0; b < batch; ++b) {
+      auto kv = std::make_unique<core::KvSequence>(width, precision, &budget_, &queue->kv_bytes());
+      if (absl::Status s = kv->Reserve(context->lengths[b]); !s.ok()) {
+        if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kKvCache);
+        return s;
+      }
+      session->contexts_.push_back(std::move(kv));
+      const float* rows = context->segmented() ? context->sequence_data[b]
+                                               : context->data + offsets[b] * context->width;
+      session->pending_context_.emplace_back(rows, rows + context->lengths[b] * context->width);
+    }
+  }
+  if (metrics != nullptr) metrics->SessionOpened();
+  return session;
+}
+
+Session::Session(SessionManager* manager, std::string model,
+                 std::shared_ptr<const core::Layer> layer, core::AttentionKind kind,
+                 DecodeQueue* queue, ModelMetrics* metrics)
+    : manager_(manager),
+      model_(std::move(model)),
+      layer_(std::move(layer)),
+      kind_(kind),
+      queue_(queue),
+      metrics_(metrics) {}
+
+Session::~Session() {
+  caches_.clear();
+  contexts_.clear();
+  manager_->open_.fetch_sub(1);
+  if (metrics_ != nullptr) {
+    metrics_->SessionClosed();
+    metrics_->SetKvCacheBytes(queue_->kv_bytes().load());
+  }
+}
+
+absl::Status Session::ReserveAll(const std::vector<int64_t>& lengths) {
+  if (kind_ != core::AttentionKind::kCausal) return absl::OkStatus();
+  std::vector<int64_t> before(caches_.size());
+  for (size_t b = 0; b < caches_.size(); ++b) before[b] = caches_[b]->blocks();
+  for (size_t b = 0; b < caches_.size(); ++b) {
+    absl::Status s = caches_[b]->Reserve(lengths[b]);
+    if (s.ok()) continue;
+    // Nothing kept: the blocks this step took go back (Shrink keeps what the length needs).
+    for (size_t k = 0; k <= b; ++k) caches_[k]->Shrink();
+    if (metrics_ != nullptr) metrics_->SessionRefused(SessionRefusal::kKvCache);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done) {
+  const int64_t batch = this->batch();
+  if (static_cast<int64_t>(args.tokens.size()) != batch) {
+    return absl::InvalidArgumentError(absl::StrCat("the session has ", batch,
+                                                   " sequences; this message has ",
+                                                   args.tokens.size()));
+  }
+  const int64_t longest = *std::max_element(positions_.begin(), positions_.end());
+  if (args.truncate_to && (*args.truncate_to < 0 || *args.truncate_to > longest)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("truncate_to ", *args.truncate_to, " is past the end: the longest sequence "
+                     "holds ", longest, " tokens"));
+  }
+  std::vector<int64_t> kept(batch), lengths(batch);
+  const int64_t limit = manager_->options().max_session_tokens;
+  for (int64_t b = 0; b < batch; ++b) {
+    kept[b] = std::min(positions_[b], args.truncate_to.value_or(positions_[b]));
+    lengths[b] = kept[b] + args.tokens[b];
+    if (lengths[b] > limit) {
+      if (metrics_ != nullptr) metrics_->SessionRefused(SessionRefusal::kSessionTokens);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sequence ", b, " would hold ", lengths[b], " tokens, over the limit of ", limit,
+          " (--max-session-tokens); truncate it or end the session"));
+    }
+  }
+  if (queue_->closed()) return absl::UnavailableError("the server is shutting down");
+  if (absl::Status s = ReserveAll(lengths); !s.ok()) return s;
+  for (int64_t b = 0; b < batch; ++b) {
+    positions_[b] = kept[b];
+    if (kind_ == core::AttentionKind::kCausal) caches_[b]->Rewind(kept[b]);
+  }
+  queue_->Submit(this, std::move(args), std::move(done));
+  return absl::OkStatus();
+}
+
+void Session::CancelStep(const absl::Status& why) { queue_->Cancel(this, why); }
+
+}  // namespace attnserve::server

@@ -1,0 +1,127 @@
+#pragma once
+
+// Decode sessions: a stream of steps that append tokens to B sequences whose keys and values
+// the server keeps (core::KvSequence), each step answered with the new tokens' outputs. The
+// transport-neutral half: a frontend opens a Session through Admission, hands it each step, and
+// destroys it when its stream ends, which frees its cache at once.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/kv_cache.h"
+#include "core/layer.h"
+
+namespace attnserve::server {
+
+class DecodeQueue;
+class ModelMetrics;
+
+// The limits of decode sessions, for the whole process.
+struct SessionOptions {
+  int64_t kv_cache_bytes = int64_t{1} << 30;  // every cache together (--kv-cache-mib)
+  int max_sessions = 256;                     // sessions open at once (--max-sessions)
+  int64_t max_session_tokens = 32768;         // tokens one sequence may hold
+  // Cache storage; unset: the model's precision (f32 caches f32, bf16 caches bf16).
+  std::optional<core::KvPrecision> precision;
+  // A step's tokens run in chunks of at most this many per compute run, so a long prompt does
+  // not stall the other sessions' steps (chunked prefill).
+  int64_t chunk_tokens = 256;
+};
+
+// One step as a frontend hands it over: per sequence b, `tokens[b]` new rows at `inputs[b]`
+// ([tokens, d_model], row-major) and room for their outputs at `outputs[b]`
+// ([tokens, d_output]).
+struct StepArgs {
+  std::vector<const float*> inputs;
+  std::vector<int64_t> tokens;
+  std::vector<float*> outputs;
+  std::optional<int64_t> truncate_to;  // drop cached positions >= this first
+};
+
+class SessionManager;
+
+// One decode session: a model (held as long as the session lives), a causal kind, B sequences.
+// Not thread safe for its caller: one step at a time, the next after the previous one's answer.
+class Session {
+ public:
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const std::string& model() const { return model_; }
+  const std::shared_ptr<const core::Layer>& layer() const { return layer_; }
+  core::AttentionKind kind() const { return kind_; }
+  int64_t batch() const { return static_cast<int64_t>(positions_.size()); }
+  // Each sequence's cached length (query tokens so far).
+  const std::vector<int64_t>& positions() const { return positions_; }
+
+  // Checks `args` against the session and its limits and reserves cache room for it: a refused
+  // step (InvalidArgument, ResourceExhausted naming the limit) changes nothing and `done` is not
+  // called. Otherwise the step is queued for the model's compute and `done` runs once with its
+  // answer, on the compute thread; positions() then include it.
+  absl::Status Step(StepArgs args, std::function<void(absl::Status)> done);
+
+  // Takes a queued step back (its stream ended): `done` runs at once with `why`. A step already
+  // running finishes. Safe from any thread.
+  void CancelStep(const absl::Status& why);
+
+ private:
+  friend class SessionManager;
+  friend class DecodeQueue;
+
+  Session(SessionManager* manager, std::string model, std::shared_ptr<const core::Layer> layer,
+          core::AttentionKind kind, DecodeQueue* queue, ModelMetrics* metrics);
+  // Reserves room in every sequence for `lengths`; ResourceExhausted (and nothing kept) when the
+  // budget cannot take it.
+  absl::Status ReserveAll(const std::vector<int64_t>& lengths);
+
+  SessionManager* const manager_;
+  const std::string model_;
+  const std::shared_ptr<const core::Layer> layer_;
+  const core::AttentionKind kind_;
+  DecodeQueue* const queue_;
+  ModelMetrics* const metrics_;
+  std::vector<int64_t> positions_;
+  std::vector<std::unique_ptr<core::KvSequence>> caches_;    // kCausal: keys, values so far
+  std::vector<std::unique_ptr<core::KvSequence>> contexts_;  // kCausalCross: the context's
+  // kCausalCross until its first run: the context rows, projected there (on the compute thread).
+  std::vector<std::vector<float>> pending_context_;
+};
+
+// Opens sessions within the process's limits: the KV cache budget and the session count.
+class SessionManager {
+ public:
+  explicit SessionManager(SessionOptions options);
+
+  const SessionOptions& options() const { return options_; }
+  const core::KvCacheBudget& budget() const { return budget_; }
+
+  // A session of `batch` sequences on `layer` (served as `model`, its steps run by `queue`). For
+  // kCausalCross, `context` (width d_context, one sequence per b) is copied and projected once,
+  // by the first step's run. InvalidArgument for another kind or a layer that cannot serve it;
+  // ResourceExhausted when --max-sessions are open.
+  absl::StatusOr<std::unique_ptr<Session>> Open(const std::string& model,
+                                                std::shared_ptr<const core::Layer> layer,
+                                                core::AttentionKind kind, int64_t batch,
+                                                const core::RaggedBatch* context,
+                                                DecodeQueue* queue, ModelMetrics* metrics);
+
+  // Sessions open now.
+  int open() const { return open_.load(); }
+
+ private:
+  friend class Session;
+
+  const SessionOptions options_;
+  core::KvCacheBudget budget_;
+  std::atomic<int> open_{0};
+};
+
+}  // namespace attnserve::server

@@ -1,0 +1,389 @@
+// Decode sessions over a real Decode stream: the exactness contract against PyTorch (every
+// causal and causal cross golden case, prefill then single tokens, ragged sequences stepped
+// together) and against one Forward over the whole sequence, each error answered in the stream
+// with the session unchanged, the limits, and the cache freed when a stream ends.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/common/golden.h"
+#include "tests/server/scrape.h"
+#include "tests/server/test_util.h"
+
+namespace attnserve::server::testing {
+namespace {
+
+using Stream = grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>;
+constexpr int64_t kWidth = 256;  // the demo layer's d_model
+
+// A message of B sequences taking `tokens[b]` rows each from `rows[b]` (row-major, `width`),
+// starting at row `from[b]`, padded to the longest, as raw bytes.
+v1::DecodeRequest StepOf(const std::vector<const float*>& rows, const std::vector<int64_t>& from,
+                         const std::vector<int64_t>& tokens, int64_t width) {
+  const int64_t batch = static_cast<int64_t>(tokens.size());
+  const int64_t n = std::max<int64_t>(1, *std::max_element(tokens.begin(), tokens.end()));
+  std::vector<float> values(batch * n * width, 0.0f);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::copy(rows[b] + from[b] * width, rows[b] + (from[b] + tokens[b]) * width,
+              values.begin() + b * n * width);
+  }
+  v1::DecodeRequest request;
+  *request.mutable_input() = MakeTensor({batch, n, width}, values, /*raw=*/true);
+  for (int64_t t : tokens) request.add_lengths(static_cast<int32_t>(t));
+  return request;
+}
+
+// Sends `request` and reads its answer.
+v1::DecodeResponse Exchange(Stream& stream, const v1::DecodeRequest& request) {
+  v1::DecodeResponse response;
+  EXPECT_TRUE(stream.Write(request));
+  EXPECT_TRUE(stream.Read(&response));
+  return response;
+}
+
+class GoldenDecodeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto cases = test::LoadGoldenCases();
+    ASSERT_TRUE(cases.ok()) << cases.status();
+    cases_ = new std::vector<test::GoldenCase>(*std::move(cases));
+    server_ = StartServer(GoldenServerOptions(*cases_)).release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete cases_;
+  }
+  static std::vector<test::GoldenCase>* cases_;
+  static Server* server_;
+};
+std::vector<test::GoldenCase>* GoldenDecodeTest::cases_ = nullptr;
+Server* GoldenDecodeTest::server_ = nullptr;
+
+TEST_F(GoldenDecodeTest, EveryStepEqualsPyTorchsRowsOfTheWholeSequence) {
+  auto stub = v1::AttentionService::NewStub(Connect(server_->port()));
+  int checked = 0;
+  for (const test::GoldenCase& c : *cases_) {
+    const bool all_rows =
+        static_cast<int64_t>(c.output_rows.size()) == c.input.batch * c.input.seq_len;
+    if (!core::IsCausal(c.kind) || !all_rows) continue;
+    SCOPED_TRACE(c.name);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    std::unique_ptr<Stream> stream = stub->Decode(&context);
+    const int64_t batch = c.input.batch, width = c.input.width;
+    std::vector<const float*> rows(batch);
+    for (int64_t b = 0; b < batch; ++b) rows[b] = c.input.values.data() + b * c.input.seq_len * width;
+    std::vector<int64_t> position(batch, 0);
+    for (int step = 0;; ++step) {
+      std::vector<int64_t> tokens(batch);
+      bool more = false;
+      for (int64_t b = 0; b < batch; ++b) {
+        tokens[b] = std::min<int64_t>(step == 0 ? 3 : 1, c.input.lengths[b] - position[b]);
+        more |= tokens[b] > 0;
+      }
+      if (!more) break;
+      v1::DecodeRequest request = StepOf(rows, position, tokens, width);
+      if (step == 0) {
+        request.set_model(GoldenModelName(c));
+        request.set_kind(c.kind == core::AttentionKind::kCausal ? v1::ATTENTION_KIND_CAUSAL
+                                                                : v1::ATTENTION_KIND_CAUSAL_CROSS);
+        if (c.context) {
+          *request.mutable_context() = MakeTensor({batch, c.context->seq_len, c.context->width},
+                                                  c.context->values, /*raw=*/false);
+          for (int64_t l : c.context->lengths) request.add_context_lengths(static_cast<int32_t>(l));
+        }
+      }
+      const v1::DecodeResponse response = Exchange(*stream, request);
+      ASSERT_EQ(response.error_code(), 0) << response.error_message();
+      const std::vector<float> output = TensorValues(response.output());
+      const int64_t n = response.output().shape(1);
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t t = 0; t < tokens[b]; ++t) {
+          const int64_t row = b * c.input.seq_len + position[b] + t;
+          for (int64_t k = 0; k < c.d_output; ++k) {
+            ASSERT_NEAR(output[(b * n + t) * c.d_output + k], c.expected_output[row * c.d_output + k],
+                        1e-4f)
+                << "sequence " << b << " position " << position[b] + t;
+          }
+        }
+        position[b] += tokens[b];
+        EXPECT_EQ(response.positions(b), position[b]);
+      }
+    }
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
+}
+
+class DecodeServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.metrics_listen = "127.0.0.1:0";
+    options.max_sessions = 2;
+    options.max_session_tokens = 64;
+    server_ = StartServer(options);
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+    // A smooth sequence of 64 demo tokens.
+    sequence_.resize(64 * kWidth);
+    for (size_t i = 0; i < sequence_.size(); ++i) sequence_[i] = std::sin(0.003f * i + 0.2f);
+  }
+
+  // A message appending tokens [from, from + n) of the sequence, B = 1.
+  v1::DecodeRequest Tokens(int64_t from, int64_t n) {
+    return StepOf({sequence_.data()}, {from}, {n}, kWidth);
+  }
+
+  std::unique_ptr<Stream> Open(grpc::ClientContext* context) {
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return stub_->Decode(context);
+  }
+
+  double Counter(const std::string& name) { return Gauge(name); }
+
+  double Gauge(const std::string& name) {
+    absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
+    EXPECT_TRUE(samples.ok()) << samples.status();
+    return (*samples)[SeriesKey(name, {{"model", "demo"}})];
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+  std::vector<float> sequence_;
+};
+
+TEST_F(DecodeServiceTest, StepsEqualOneForwardOverTheWholeSequence) {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest first = Tokens(0, 10);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  std::vector<float> got = TensorValues(Exchange(*stream, first).output());
+  for (int64_t p = 10; p < 20; ++p) {
+    const std::vector<float> row = TensorValues(Exchange(*stream, Tokens(p, 1)).output());
+    got.insert(got.end(), row.begin(), row.end());
+  }
+  v1::ForwardRequest whole;
+  whole.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  *whole.mutable_input() =
+      MakeTensor({1, 20, kWidth}, {sequence_.begin(), sequence_.begin() + 20 * kWidth}, true);
+  v1::ForwardResponse forward;
+  grpc::ClientContext forward_context;
+  ASSERT_TRUE(stub_->Forward(&forward_context, whole, &forward).ok());
+  const std::vector<float> want = TensorValues(forward.output());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(DecodeServiceTest, ARefusedMessageIsAnsweredInTheStreamAndChangesNothing) {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest bidirectional = Tokens(0, 4);
+  bidirectional.set_kind(v1::ATTENTION_KIND_BIDIRECTIONAL);
+  EXPECT_EQ(Exchange(*stream, bidirectional).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::DecodeRequest first = Tokens(0, 4);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  v1::DecodeResponse opened = Exchange(*stream, first);
+  ASSERT_EQ(opened.error_code(), 0) << opened.error_message();
+  const std::vector<float> after_four = TensorValues(Exchange(*stream, Tokens(4, 1)).output());
+
+  v1::DecodeRequest narrow;
+  *narrow.mutable_input() = MakeTensor({1, 1, 8}, std::vector<float>(8, 1.0f), true);
+  v1::DecodeResponse refused = Exchange(*stream, narrow);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_EQ(refused.positions(0), 5);
+  v1::DecodeRequest past = Tokens(5, 1);
+  past.set_truncate_to(6);
+  refused = Exchange(*stream, past);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  refused = Exchange(*stream, Tokens(5, 60));  // 65 tokens: over --max-session-tokens 64
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--max-session-tokens"), std::string::npos);
+  EXPECT_EQ(refused.positions(0), 5);
+
+  // Rolled back to 4 tokens, the same fifth token gives the same row: nothing was changed.
+  v1::DecodeRequest again = Tokens(4, 1);
+  again.set_truncate_to(4);
+  v1::DecodeResponse redo = Exchange(*stream, again);
+  ASSERT_EQ(redo.error_code(), 0) << redo.error_message();
+  EXPECT_EQ(TensorValues(redo.output()), after_four);
+  EXPECT_EQ(redo.positions(0), 5);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(DecodeServiceTest, SessionsPastTheLimitOrOnAnUnknownModelEndTheirStream) {
+  grpc::ClientContext unknown_context;
+  std::unique_ptr<Stream> unknown = Open(&unknown_context);
+  v1::DecodeRequest request = Tokens(0, 2);
+  request.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  request.set_model("no-such-model");
+  ASSERT_TRUE(unknown->Write(request));
+  v1::DecodeResponse response;
+  EXPECT_FALSE(unknown->Read(&response));
+  EXPECT_EQ(unknown->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+
+  request.clear_model();
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<Stream>> open;
+  for (int i = 0; i < 2; ++i) {  // --max-sessions 2
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    open.push_back(Open(contexts.back().get()));
+    ASSERT_EQ(Exchange(*open.back(), request).error_code(), 0);
+  }
+  EXPECT_EQ(Gauge("attnserve_sessions"), 2);
+  EXPECT_GT(Gauge("attnserve_kv_cache_bytes"), 0);
+  grpc::ClientContext third_context;
+  std::unique_ptr<Stream> third = Open(&third_context);
+  ASSERT_TRUE(third->Write(request));
+  EXPECT_FALSE(third->Read(&response));
+  EXPECT_EQ(third->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  // One ends as a client ends it, one is cancelled: both caches are freed at once.
+  open[0]->WritesDone();
+  EXPECT_TRUE(open[0]->Finish().ok());
+  contexts[1]->TryCancel();
+  open[1]->Finish();
+  for (int i = 0; i < 100 && Gauge("attnserve_sessions") > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+}
+
+// Steps of many sessions waiting together run as one compute run, and a long prompt runs in
+// chunks, so a step that arrives after it is answered before it.
+TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  options.max_session_tokens = 4096;
+  server_ = StartServer(options);
+  ASSERT_NE(server_, nullptr);
+  stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+  std::vector<float> long_prompt(2048 * kWidth);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = std::sin(0.001f * i);
+  grpc::ClientContext long_context, short_context;
+  std::unique_ptr<Stream> long_stream = Open(&long_context);
+  std::unique_ptr<Stream> short_stream = Open(&short_context);
+  v1::DecodeRequest first = Tokens(0, 4);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  ASSERT_EQ(Exchange(*short_stream, first).error_code(), 0);
+  v1::DecodeRequest prompt = StepOf({long_prompt.data()}, {0}, {2048}, kWidth);
+  prompt.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  ASSERT_TRUE(long_stream->Write(prompt));
+  // Once the prompt's first chunk has run, the step arrives in the middle of the prompt.
+  for (int i = 0; i < 1000 && Counter("attnserve_decode_tokens_total") <= 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const auto sent = std::chrono::steady_clock::now();
+  ASSERT_EQ(Exchange(*short_stream, Tokens(4, 1)).error_code(), 0);
+  const auto step_answered = std::chrono::steady_clock::now();
+  v1::DecodeResponse prompt_answer;
+  ASSERT_TRUE(long_stream->Read(&prompt_answer));
+  const auto prompt_answered = std::chrono::steady_clock::now();
+  EXPECT_EQ(prompt_answer.error_code(), 0) << prompt_answer.error_message();
+  EXPECT_LT(step_answered, prompt_answered)
+      << "the step waited " << std::chrono::duration<double>(step_answered - sent).count()
+      << " s, behind the whole prompt";
+  absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  // The step ran in a run with a chunk of the prompt: some run held more than one session's
+  // tokens but none the whole prompt.
+  const double runs = (*samples)[SeriesKey("attnserve_decode_step_tokens_count", {{"model", "demo"}})];
+  const double small = (*samples)[SeriesKey("attnserve_decode_step_tokens_bucket",
+                                            {{"le", "256"}, {"model", "demo"}})];
+  const double all = (*samples)[SeriesKey("attnserve_decode_step_tokens_bucket",
+                                          {{"le", "512"}, {"model", "demo"}})];
+  EXPECT_GE(runs, 2 + 2048 / 256 - 1);
+  EXPECT_EQ(all, runs) << "a run held more than a chunk of the prompt and the step";
+  EXPECT_LT(small, runs) << "no run merged the step with a chunk";
+  for (Stream* stream : {long_stream.get(), short_stream.get()}) {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+}
+
+// Resident memory of this process (the server runs in it), in bytes.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// Sessions opened, stepped, truncated, cancelled and abandoned at random by 16 callers for a
+// bounded time: every cache comes back (the gauges return to 0) and memory stays flat.
+TEST_F(DecodeServiceTest, ASoakOfSessionsEndingEveryWayLeavesNothingBehind) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  options.max_sessions = 64;
+  server_ = StartServer(options);
+  ASSERT_NE(server_, nullptr);
+  stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+  auto round = [this](std::chrono::seconds length) {
+    const auto end = std::chrono::steady_clock::now() + length;
+    std::vector<std::thread> callers;
+    for (int caller = 0; caller < 16; ++caller) {
+      callers.emplace_back([this, end, caller] {
+        std::mt19937 random(caller);
+        while (std::chrono::steady_clock::now() < end) {
+          auto context = std::make_unique<grpc::ClientContext>();
+          std::unique_ptr<Stream> stream = Open(context.get());
+          v1::DecodeRequest first = Tokens(0, 1 + random() % 40);
+          first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+          v1::DecodeResponse response;
+          if (!stream->Write(first) || !stream->Read(&response)) break;
+          int64_t position = response.positions(0);
+          for (int step = random() % 20; step > 0 && position < 60; --step) {
+            v1::DecodeRequest next = Tokens(position, 1 + random() % 3);
+            if (random() % 4 == 0) next.set_truncate_to(random() % (position + 1));
+            if (!stream->Write(next) || !stream->Read(&response)) break;
+            position = response.positions(0);
+          }
+          switch (random() % 3) {
+            case 0:  // the client ends it
+              stream->WritesDone();
+              stream->Finish();
+              break;
+            case 1:  // cancelled, possibly with a step in flight
+              stream->Write(Tokens(0, 2));
+              context->TryCancel();
+              stream->Finish();
+              break;
+            default:  // abandoned: the stub and context go, the stream with them
+              context->TryCancel();
+              stream->Finish();
+          }
+        }
+      });
+    }
+    for (auto& t : callers) t.join();
+  };
+  round(std::chrono::seconds(3));  // warm: allocator arenas, gRPC's pools
+  const int64_t before = ResidentBytes();
+  round(std::chrono::seconds(10));
+  for (int i = 0; i < 200 && Gauge("attnserve_sessions") > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+  EXPECT_LT(ResidentBytes() - before, int64_t{32} << 20) << "resident memory grew";
+}
+
+}  // namespace
+}  // namespace attnserve::server::testing
