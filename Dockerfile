@@ -29,7 +29,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libdnnl2 ocl-icd-libopencl1 libgomp1 \
       libgrpc++1.51 libprotobuf32 libspdlog1.10 libfmt9 \
-      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
+      libprometheus-cpp-core1.0 \
  && rm -rf /var/lib/apt/lists/*
 # Nothing in the image is world-writable (the base's /tmp, /var/tmp and /run/lock are): the server
 # writes no files but an optional --port-file, so a compromised process has nowhere to drop one.

@@ -14,8 +14,10 @@
 
 // GCC 12's avx512fintrin.h seeds unmasked intrinsics with _mm512_undefined_ps(), which
 // -W(maybe-)uninitialized reports at every inlined call site; the value is never read.
+#if defined(__GNUC__) && !defined(__clang__)  // clang has no -Wmaybe-uninitialized
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
