@@ -41,7 +41,7 @@ SERVER_START_SECONDS = 30
 UNRUNNABLE = {
     ("README.md", "# serve: installs the dependencies, builds into build/, serves the built-in demo layer on port 50051"):
         "installs packages, builds, and the server runs until stopped; the test command runs everything",
-    ("README.md", "deploy/docker-build.sh                    # the image `attnserve` (podman, else docker)"):
+    ("README.md", "deploy/docker-build.sh                    # the image `attnserve` (docker, else podman)"):
         "needs podman or docker and the Debian images, then a Kubernetes cluster",
     ("README.md", "build/server/attnserve --model mha=/tmp/mha.safetensors"):
         "serves until stopped, and needs a file PyTorch wrote",
@@ -51,7 +51,7 @@ UNRUNNABLE = {
         "downloads packages from the npm registry (client_node_example tests the example)",
     ("docs/security.md", "build/server/attnserve --tls-cert server.pem --tls-key server.key --tls-client-ca ca.pem \\"):
         "serves until stopped; the next block runs against a server started with these flags",
-    ("docs/deployment.md", "deploy/docker-build.sh                   # the image `attnserve`, with podman (else docker)"):
+    ("docs/deployment.md", "deploy/docker-build.sh                   # the image `attnserve`, with docker (else podman)"):
         "needs podman or docker and the Debian images",
     ("docs/deployment.md", "kubectl apply -f deploy/k8s/"):
         "needs a Kubernetes cluster",
