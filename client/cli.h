@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "client/load_report.h"
 
 // The attnserve-client subcommands. Each Run* returns the status the process exits with:
 // OK -> 0, otherwise the status code's number (NOT_FOUND -> 5), after printing it.
@@ -89,6 +90,17 @@ struct LoadFlags {
   bool csv = false;
   std::string html;
   std::string metrics_url;
+  // Session mode (--decode): --sessions streams, each a --prompt of P tokens per sequence, then
+  // --steps of --tokens-per-step tokens, B = --batch sequences per session.
+  bool decode = false;
+  int sessions = 1;
+  int prompt = 128;
+  int steps = 32;
+  int tokens_per_step = 1;
+  int batch = 1;
+  std::string feed = "output";  // each step's input: the last output, or "random"
+  int prompt_chunk = 0;         // prompt tokens per sequence per message; 0: what fits 32 MiB
+  bool kind_given = false;      // --decode defaults to causal rather than bidirectional
 };
 
 // Reads or makes the arrays the flags name and assembles the call.
@@ -114,5 +126,14 @@ absl::Status RunHealth(const ConnectionFlags& connection, const std::string& ser
 
 // `bench`: the load test.
 absl::Status RunLoadCommand(const ConnectionFlags& connection, const LoadFlags& flags);
+
+// `bench --decode`: the session load test (RunLoadCommand sends --decode here).
+absl::Status RunDecodeLoadCommand(const ConnectionFlags& connection, const LoadFlags& flags);
+
+// Writes a report file, or PERMISSION_DENIED.
+absl::Status WriteReportFile(const std::string& path, const std::string& text);
+
+// Prints the run as --json, --csv or the summary, and writes --html.
+absl::Status PrintLoadRun(const LoadFlags& flags, const LoadRun& run);
 
 }  // namespace attnserve::client

@@ -144,14 +144,6 @@ absl::Status WorstError(const StepReport& report) {
   return absl::Status(worst, absl::StrCat(report.failed(), " of ", report.sent, " calls failed"));
 }
 
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
-}
-
 // Runs the plan's steps in order; a sweep stops after the first step whose p99 passes the limit.
 absl::StatusOr<LoadRun> RunPlan(const LoadEngine& engine, const Plan& plan, const LoadFlags& f) {
   LoadRun run;
@@ -203,7 +195,28 @@ absl::StatusOr<LoadRun> RunPlan(const LoadEngine& engine, const Plan& plan, cons
 
 }  // namespace
 
+absl::Status WriteReportFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::Status PrintLoadRun(const LoadFlags& flags, const LoadRun& run) {
+  if (flags.json) {
+    std::cout << RunJson(run).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else if (flags.csv) {
+    std::cout << RunCsv(run);
+  } else {
+    std::cout << RunSummary(run);
+  }
+  if (!flags.html.empty()) return WriteReportFile(flags.html, RunHtml(run));
+  return absl::OkStatus();
+}
+
 absl::Status RunLoadCommand(const ConnectionFlags& connection, const LoadFlags& flags) {
+  if (flags.decode) return RunDecodeLoadCommand(connection, flags);
   if (absl::Status s = CheckFlags(flags); !s.ok()) return s;
   absl::StatusOr<Plan> plan = MakePlan(flags);
   if (!plan.ok()) return plan.status();
@@ -233,17 +246,7 @@ absl::Status RunLoadCommand(const ConnectionFlags& connection, const LoadFlags& 
   run->target = connection.target;
   run->workload = workload;
 
-  if (flags.json) {
-    std::cout << RunJson(*run).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
-              << "\n";
-  } else if (flags.csv) {
-    std::cout << RunCsv(*run);
-  } else {
-    std::cout << RunSummary(*run);
-  }
-  if (!flags.html.empty()) {
-    if (absl::Status s = WriteFile(flags.html, RunHtml(*run)); !s.ok()) return s;
-  }
+  if (absl::Status s = PrintLoadRun(flags, *run); !s.ok()) return s;
   return WorstError(MergedRun(*run));
 }
 

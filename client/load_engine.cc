@@ -433,6 +433,30 @@ void MergeStep(StepReport& into, const StepReport& next) {
     slice.start_seconds += offset;
     into.timeline.push_back(std::move(slice));
   }
+  if (next.decode.has_value()) {
+    if (!into.decode.has_value()) {
+      into.decode = next.decode;
+    } else {
+      DecodeFigures& d = *into.decode;
+      d.sessions += next.decode->sessions;
+      d.prompt_tokens += next.decode->prompt_tokens;
+      d.step_tokens += next.decode->step_tokens;
+      d.prefill_elapsed += next.decode->prefill_elapsed;
+      d.decode_elapsed += next.decode->decode_elapsed;
+      d.first_output.Merge(next.decode->first_output);
+      d.inter_token.Merge(next.decode->inter_token);
+    }
+  }
+}
+
+double DecodeFigures::tokens_per_second() const {
+  const double seconds = absl::ToDoubleSeconds(decode_elapsed);
+  return seconds > 0 ? static_cast<double>(step_tokens) / seconds : 0;
+}
+
+double DecodeFigures::prompt_tokens_per_second() const {
+  const double seconds = absl::ToDoubleSeconds(prefill_elapsed);
+  return seconds > 0 ? static_cast<double>(prompt_tokens) / seconds : 0;
 }
 
 absl::StatusOr<StepReport> RunStableStep(const LoadEngine& engine, LoadOptions options,

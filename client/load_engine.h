@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,25 @@ struct TimeSlice {
   LatencyHistogram latency;  // of the successful calls
 };
 
+// What a session run (bench --decode) measured beside the message counts.
+struct DecodeFigures {
+  int sessions = 0;
+  int batch = 1;   // sequences per session
+  int prompt = 0;  // tokens per sequence
+  int steps = 0;
+  int tokens_per_step = 1;
+  int64_t prompt_tokens = 0;       // answered, every session and sequence
+  int64_t step_tokens = 0;         // answered steps' tokens
+  absl::Duration prefill_elapsed;  // from the start to the last prompt's answer
+  absl::Duration decode_elapsed;   // from the last prompt's answer to the last step's
+  LatencyHistogram first_output;   // per session: stream start to the prompt's answer
+  LatencyHistogram inter_token;    // per step: its latency / tokens per step
+  // Generated (step) tokens per second over the decode window.
+  double tokens_per_second() const;
+  // Prompt tokens per second over the prefill.
+  double prompt_tokens_per_second() const;
+};
+
 // What one step (or several, merged) measured. Calls count when their scheduled send time falls
 // in the window; every counted call is sent (sent), or was still waiting for room under the
 // in-flight cap when the window closed (unsent): scheduled = sent + unsent, sent = ok + failed.
@@ -91,6 +111,7 @@ struct StepReport {
   absl::Duration send_span;                    // window start to the last counted send
   std::vector<TimeSlice> timeline;
   double slice_seconds = 1;
+  std::optional<DecodeFigures> decode;  // bench --decode: the sessions' figures
 
   // Calls that failed.
   int64_t failed() const;

@@ -44,6 +44,24 @@ nlohmann::json ServerJson(const ServerSplit& s) {
           {"requests_by_code", s.requests_by_code}};
 }
 
+// bench --decode's figures; null for the other modes.
+nlohmann::json DecodeJson(const std::optional<DecodeFigures>& d) {
+  if (!d.has_value()) return nullptr;
+  return {{"sessions", d->sessions},
+          {"batch", d->batch},
+          {"prompt", d->prompt},
+          {"steps", d->steps},
+          {"tokens_per_step", d->tokens_per_step},
+          {"prompt_tokens", d->prompt_tokens},
+          {"step_tokens", d->step_tokens},
+          {"prefill_seconds", absl::ToDoubleSeconds(d->prefill_elapsed)},
+          {"decode_seconds", absl::ToDoubleSeconds(d->decode_elapsed)},
+          {"tokens_per_second", d->tokens_per_second()},
+          {"prompt_tokens_per_second", d->prompt_tokens_per_second()},
+          {"time_to_first_output_ms", LatencyJson(d->first_output)},
+          {"inter_token_latency_ms", LatencyJson(d->inter_token)}};
+}
+
 nlohmann::json StepJson(const StepReport& r) {
   nlohmann::json errors = nlohmann::json::object();
   for (const auto& [code, n] : r.errors) errors[absl::StatusCodeToString(code)] = n;
@@ -85,7 +103,24 @@ nlohmann::json StepJson(const StepReport& r) {
            {{"p50", Ms(r.send_lag.ValueAtQuantile(0.5))},
             {"p99", Ms(r.send_lag.ValueAtQuantile(0.99))},
             {"max", Ms(r.send_lag.max())}}},
-          {"timeline", {{"slice_seconds", r.slice_seconds}, {"slices", slices}}}};
+          {"timeline", {{"slice_seconds", r.slice_seconds}, {"slices", slices}}},
+          {"decode", DecodeJson(r.decode)}};
+}
+
+// The decode lines of a step's summary.
+std::string DecodeSummary(const DecodeFigures& d) {
+  const LatencyHistogram& f = d.first_output;
+  const LatencyHistogram& t = d.inter_token;
+  return absl::StrFormat(
+      "sessions     %d of B=%d: prompt %d, then %d steps of %d token%s\n"
+      "decode       %.0f tokens/s generated (%d tokens in %.2f s); prompts %.0f tokens/s\n"
+      "first output ms  p50 %.2f  p90 %.2f  p99 %.2f  max %.2f\n"
+      "inter-token ms   p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n",
+      d.sessions, d.batch, d.prompt, d.steps, d.tokens_per_step, d.tokens_per_step == 1 ? "" : "s",
+      d.tokens_per_second(), d.step_tokens, absl::ToDoubleSeconds(d.decode_elapsed),
+      d.prompt_tokens_per_second(), Ms(f.ValueAtQuantile(0.5)), Ms(f.ValueAtQuantile(0.9)),
+      Ms(f.ValueAtQuantile(0.99)), Ms(f.max()), Ms(t.ValueAtQuantile(0.5)),
+      Ms(t.ValueAtQuantile(0.9)), Ms(t.ValueAtQuantile(0.99)), Ms(t.max()));
 }
 
 // "c=4" or "100/s": the step's load in a table cell.
@@ -112,10 +147,22 @@ std::string ErrorCodes(const StepReport& r) {
   return text;
 }
 
+// The decode columns of a CSV row (empty cells for the other modes).
+std::string DecodeCsv(const std::optional<DecodeFigures>& d) {
+  if (!d.has_value()) return ",,,,,,,";
+  const LatencyHistogram& f = d->first_output;
+  const LatencyHistogram& t = d->inter_token;
+  return absl::StrFormat("%d,%d,%.1f,%.3f,%.3f,%.4f,%.4f,%.4f", d->sessions, d->batch,
+                         d->tokens_per_second(), Ms(f.ValueAtQuantile(0.5)),
+                         Ms(f.ValueAtQuantile(0.99)), Ms(t.ValueAtQuantile(0.5)),
+                         Ms(t.ValueAtQuantile(0.9)), Ms(t.ValueAtQuantile(0.99)));
+}
+
 std::string StepSummary(const LoadStep& step) {
   const StepReport& r = step.report;
   std::string load =
-      r.mode == LoadMode::kOpen
+      r.decode.has_value() ? absl::StrFormat("%d decode sessions (streams)", r.concurrency)
+      : r.mode == LoadMode::kOpen
           ? absl::StrFormat("open loop, %g calls/s offered (%s), at most %d in flight",
                             r.offered_rate, ArrivalName(r.arrival), r.max_in_flight)
           : absl::StrFormat("closed loop, %d calls in flight", r.concurrency);
@@ -136,6 +183,7 @@ std::string StepSummary(const LoadStep& step) {
   for (const auto& [code, n] : r.errors) {
     absl::StrAppend(&text, "errors       ", absl::StatusCodeToString(code), ": ", n, "\n");
   }
+  if (r.decode.has_value()) absl::StrAppend(&text, DecodeSummary(*r.decode));
   if (step.server.has_value()) absl::StrAppend(&text, ServerLine(*step.server));
   return text;
 }
@@ -179,7 +227,9 @@ std::string RunCsv(const LoadRun& run) {
       "step,mode,concurrency,offered_rate,arrival,connections,window_seconds,scheduled,sent,"
       "late,unsent,ok,failed,achieved_rate,requests_per_second,tokens_per_second,p50_ms,p90_ms,"
       "p99_ms,p999_ms,max_ms,mean_ms,server_queue_mean_ms,server_compute_mean_ms,"
-      "server_mean_batch_calls,server_mean_batch_tokens,trials_run,stable,errors\n";
+      "server_mean_batch_calls,server_mean_batch_tokens,trials_run,stable,errors,"
+      "decode_sessions,decode_batch,decode_tokens_per_second,first_output_p50_ms,"
+      "first_output_p99_ms,inter_token_p50_ms,inter_token_p90_ms,inter_token_p99_ms\n";
   for (size_t i = 0; i < run.steps.size(); ++i) {
     const StepReport& r = run.steps[i].report;
     const bool open = r.mode == LoadMode::kOpen;
@@ -200,7 +250,8 @@ std::string RunCsv(const LoadRun& run) {
             r.ok, r.failed(), r.achieved_rate(), r.requests_per_second(), r.tokens_per_second(),
             Ms(h.ValueAtQuantile(0.5)), Ms(h.ValueAtQuantile(0.9)), Ms(h.ValueAtQuantile(0.99)),
             Ms(h.ValueAtQuantile(0.999)), Ms(h.max()), h.mean() / 1e3),
-        server, ",", r.trials_run, ",", r.stable ? "true" : "false", ",", ErrorCodes(r), "\n");
+        server, ",", r.trials_run, ",", r.stable ? "true" : "false", ",", ErrorCodes(r), ",",
+        DecodeCsv(r.decode), "\n");
   }
   return csv;
 }

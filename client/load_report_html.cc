@@ -30,6 +30,7 @@ th { background: #f4f4f4; }
 </div>
 <h2>Steps</h2>
 <table id="steps"></table>
+<div id="decode-section" hidden><h2>Decode sessions</h2><table id="decode"></table></div>
 <script id="data" type="application/json">)html";
 
 constexpr char kTail[] = R"html(</script>
@@ -184,6 +185,30 @@ function table() {
   }
 }
 
+// bench --decode: the sessions' figures, one row per step.
+function decodeTable() {
+  const steps = run.steps.filter(s => s.decode);
+  if (!steps.length) return;
+  document.getElementById("decode-section").hidden = false;
+  const t = document.getElementById("decode");
+  const ms = v => v.toFixed(3);
+  const cols = [["sessions", d => d.sessions], ["B", d => d.batch], ["prompt", d => d.prompt],
+                ["steps", d => d.steps + " x " + d.tokens_per_step],
+                ["tokens/s", d => d.tokens_per_second.toFixed(0)],
+                ["prompt tokens/s", d => d.prompt_tokens_per_second.toFixed(0)],
+                ["first output p50 ms", d => ms(d.time_to_first_output_ms.p50)],
+                ["first output p99 ms", d => ms(d.time_to_first_output_ms.p99)],
+                ["inter-token p50 ms", d => ms(d.inter_token_latency_ms.p50)],
+                ["inter-token p90 ms", d => ms(d.inter_token_latency_ms.p90)],
+                ["inter-token p99 ms", d => ms(d.inter_token_latency_ms.p99)]];
+  const head = t.insertRow();
+  for (const [name] of cols) { const th = document.createElement("th"); th.textContent = name; head.appendChild(th); }
+  for (const s of steps) {
+    const row = t.insertRow();
+    for (const [, f] of cols) row.insertCell().textContent = f(s.decode);
+  }
+}
+
 document.getElementById("meta").textContent =
     `${run.mode} loop${run.sweep ? ", " + run.sweep + " sweep" : ""} against ${run.target}: ` +
     `${run.workload}; ${run.sent} calls sent, ${run.ok} ok` +
@@ -191,6 +216,7 @@ document.getElementById("meta").textContent =
 let drawn = 0;
 for (const draw of [drawCurve, drawTime, drawHistogram]) { draw(); drawn++; }
 table();
+decodeTable();
 document.body.dataset.chartsDrawn = String(drawn);
 </script>
 </body></html>

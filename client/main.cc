@@ -102,6 +102,23 @@ void AddLoadCommand(CLI::App& app, LoadFlags& f) {
   load->add_option("--html", f.html, "Also write a self-contained HTML report with charts");
   load->add_option("--metrics-url", f.metrics_url,
                    "attnserve's http://HOST:PORT/metrics: the server's queue/compute split");
+  load->get_option("--kind")->each([&f](const std::string&) { f.kind_given = true; });
+  load->add_flag("--decode", f.decode,
+                 "Session mode: --sessions Decode streams, each a prompt then steps (causal)");
+  load->add_option("--sessions", f.sessions, "--decode: sessions (streams) at once")
+      ->capture_default_str();
+  load->add_option("--prompt", f.prompt, "--decode: prompt tokens per sequence")
+      ->capture_default_str();
+  load->add_option("--steps", f.steps, "--decode: steps after the prompt")->capture_default_str();
+  load->add_option("--tokens-per-step", f.tokens_per_step, "--decode: tokens per sequence a step")
+      ->capture_default_str();
+  load->add_option("--batch", f.batch, "--decode: sequences per session (B)")
+      ->capture_default_str();
+  load->add_option("--feed", f.feed, "--decode: each step's input: the last output, or random")
+      ->check(CLI::IsMember({"output", "random"}))
+      ->capture_default_str();
+  load->add_option("--prompt-chunk", f.prompt_chunk,
+                   "--decode: prompt tokens per sequence a message (0: what fits 32 MiB)");
 }
 
 // The flags every subcommand shares, before the subcommand's name: where the server is, how

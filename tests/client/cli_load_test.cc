@@ -333,5 +333,82 @@ TEST_F(BenchServerTest, MetricsUrlReportsTheServersQueueComputeSplit) {
   EXPECT_NE(r.err.find("--metrics-url"), std::string::npos) << r.err;
 }
 
+TEST_F(BenchServerTest, DecodeSessionsReportTokensFirstOutputAndInterTokenLatency) {
+  // 3 sessions of B=2: a 16-token prompt in two messages, then 10 steps of 2 tokens fed back.
+  nlohmann::json run =
+      BenchJson({"--decode", "--sessions", "3", "--batch", "2", "--prompt", "16", "--prompt-chunk",
+                 "8", "--steps", "10", "--tokens-per-step", "2"});
+  SCOPED_TRACE(run.dump());
+  EXPECT_EQ(run["sent"], 3 * (2 + 10));
+  EXPECT_EQ(run["ok"], run["sent"]);
+  EXPECT_EQ(Failed(run), 0);
+  EXPECT_EQ(run["tokens"], 3 * 2 * (16 + 10 * 2));
+  const nlohmann::json& d = run["decode"];
+  ASSERT_TRUE(d.is_object());
+  EXPECT_EQ(d["sessions"], 3);
+  EXPECT_EQ(d["batch"], 2);
+  EXPECT_EQ(d["prompt"], 16);
+  EXPECT_EQ(d["prompt_tokens"], 3 * 2 * 16);
+  EXPECT_EQ(d["step_tokens"], 3 * 10 * 2 * 2);
+  EXPECT_GT(d["tokens_per_second"].get<double>(), 0);
+  const nlohmann::json& first = d["time_to_first_output_ms"];
+  const nlohmann::json& itl = d["inter_token_latency_ms"];
+  EXPECT_GT(first["p50"].get<double>(), 0);
+  EXPECT_LE(first["p50"].get<double>(), first["p99"].get<double>());
+  EXPECT_GT(itl["p50"].get<double>(), 0);
+  EXPECT_LE(itl["p50"].get<double>(), itl["p90"].get<double>());
+  EXPECT_LE(itl["p90"].get<double>(), itl["p99"].get<double>());
+  // Two tokens a step: the inter-token latency is half a step's.
+  EXPECT_NEAR(itl["p50"].get<double>(), run["latency_ms"]["p50"].get<double>() / 2,
+              0.02 * run["latency_ms"]["p50"].get<double>() + 0.002);
+  ASSERT_EQ(run["steps"].size(), 1u);
+  EXPECT_EQ(run["steps"][0]["decode"]["step_tokens"], d["step_tokens"]);
+
+  // The same figures in the summary, the CSV and the HTML page; other modes' reports stay as
+  // they were (decode null, its CSV cells empty).
+  ProgramResult text = Bench({"--decode", "--sessions", "2", "--prompt", "4", "--steps", "3",
+                              "--html", dir_ + "/decode.html"});
+  ASSERT_EQ(text.exit_code, 0) << Describe(text);
+  EXPECT_NE(text.out.find("inter-token ms"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("first output ms"), std::string::npos) << text.out;
+  std::ifstream html_file(dir_ + "/decode.html");
+  const std::string html((std::istreambuf_iterator<char>(html_file)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("\"inter_token_latency_ms\""), std::string::npos);
+  ProgramResult csv = Bench({"--decode", "--sessions", "2", "--prompt", "4", "--steps", "3",
+                             "--feed", "random", "--csv"});
+  ASSERT_EQ(csv.exit_code, 0) << Describe(csv);
+  std::vector<std::string> lines = absl::StrSplit(csv.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << csv.out;
+  std::vector<std::string> header = absl::StrSplit(lines[0], ',');
+  std::vector<std::string> cells = absl::StrSplit(lines[1], ',');
+  ASSERT_EQ(cells.size(), header.size()) << csv.out;
+  const auto cell = [&](const std::string& name) {
+    auto it = std::find(header.begin(), header.end(), name);
+    return it == header.end() ? std::string("missing") : cells[it - header.begin()];
+  };
+  EXPECT_EQ(cell("decode_sessions"), "2");
+  double p99 = 0;
+  EXPECT_TRUE(absl::SimpleAtod(cell("inter_token_p99_ms"), &p99)) << csv.out;
+  EXPECT_GT(p99, 0);
+  nlohmann::json plain = BenchJson({"--random", "1,16", "--requests", "3", "--duration", "20"});
+  EXPECT_TRUE(plain["decode"].is_null()) << plain.dump();
+}
+
+TEST_F(BenchServerTest, DecodeRefusesFlagsItWouldIgnoreAndReportsStreamErrors) {
+  for (const std::vector<std::string>& extra : {std::vector<std::string>{"--rate", "10"},
+                                                {"--random", "1,16"},
+                                                {"--tokens-per-step", "0"},
+                                                {"--concurrency-range", "1:3"},
+                                                {"--kind", "bidirectional"}}) {
+    std::vector<std::string> args = {"--decode", "--prompt", "4", "--steps", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ProgramResult r = Bench(args);
+    EXPECT_EQ(r.exit_code, kInvalidArgument) << absl::StrJoin(extra, " ") << Describe(r);
+  }
+  ProgramResult r = Bench({"--decode", "--model", "nope", "--prompt", "4", "--steps", "2"});
+  EXPECT_EQ(r.exit_code, kNotFound) << Describe(r);
+}
+
 }  // namespace
 }  // namespace attnserve::test
