@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""ctest driver: client/python/decode_example.py against real attnserve servers.
+
+1. An unbroken generation (prompt 16, 60 steps, each output fed back) is the reference.
+2. The server dies mid-generation (SIGKILL) and another starts on the same address: the example
+   replays its prefix on a new stream and its outputs equal the reference within 1e-5.
+3. Two replicas behind a static list and round robin: the one holding the session dies and the
+   example goes on on the other, again equal to the reference.
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+STEPS = 60
+
+
+def free_port():
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(server, workdir, port, name):
+    """attnserve on 127.0.0.1:port, once it has written its port file."""
+    port_file = os.path.join(workdir, f"{name}.port")
+    log = open(os.path.join(workdir, f"{name}.log"), "w")
+    proc = subprocess.Popen([server, "--listen", f"127.0.0.1:{port}", "--port-file", port_file,
+                             "--threads", "2", "--metrics-listen=off", "--log-level", "warn"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"attnserve {name} exited at start:\n{open(log.name).read()}")
+        if os.path.exists(port_file) and open(port_file).read().endswith("\n"):
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    sys.exit(f"attnserve {name} wrote no port in 60 s")
+
+
+def stop(proc, sig=signal.SIGTERM):
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def example(args, workdir, name, target, extra=()):
+    """Starts decode_example.py; returns (process, output .npy path)."""
+    out = os.path.join(workdir, f"{name}.npy")
+    argv = [sys.executable, args.example, "--target", target, "--stubs", args.stubs,
+            "--prompt", "16", "--steps", str(STEPS), "--seed", "3", "--output", out, *extra]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def wait_for_steps(proc, seconds):
+    """Reads the example's first line (it has a session coming), then lets it step a while."""
+    line = proc.stdout.readline()
+    assert line.startswith("model "), line
+    time.sleep(seconds)
+    assert proc.poll() is None, "the example finished before the replica died: slow it down"
+
+
+def finish(proc, out, reference, what):
+    text = proc.stdout.read()
+    assert proc.wait(timeout=120) == 0, f"{what}: example exited {proc.returncode}\n{text}"
+    assert "replayed" in text, f"{what}: no replay happened\n{text}"
+    got = np.load(out)
+    assert got.shape == reference.shape, (got.shape, reference.shape)
+    worst = float(np.abs(got - reference).max())
+    assert worst <= 1e-5, f"{what}: outputs differ from the unbroken run by {worst}\n{text}"
+    print(f"{what}: replayed and equal to the unbroken run (max |diff| {worst:.2e})")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    for flag in ("--server", "--stubs", "--example"):
+        parser.add_argument(flag, required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as workdir:
+        # 1. The reference: no replica dies.
+        port = free_port()
+        first = start_server(args.server, workdir, port, "first")
+        try:
+            proc, out = example(args, workdir, "reference", f"127.0.0.1:{port}")
+            text = proc.stdout.read()
+            assert proc.wait(timeout=120) == 0, text
+            assert "0 replays" in text, text
+            reference = np.load(out)
+            assert reference.shape == (STEPS, 256), reference.shape
+            # Each step's output is a new row: a replay that lost or repeated a token shows.
+            assert np.abs(np.diff(reference, axis=0)).max(axis=1).min() > 1e-4
+
+            # 2. The server dies mid-generation; another starts on the same address.
+            proc, out = example(args, workdir, "restart", f"127.0.0.1:{port}",
+                                ["--step-delay", "0.03"])
+            wait_for_steps(proc, 0.6)
+            stop(first, signal.SIGKILL)
+            time.sleep(0.2)
+            first = start_server(args.server, workdir, port, "second")
+            finish(proc, out, reference, "restart on the same address")
+        finally:
+            stop(first)
+
+        # 3. Two replicas, round robin over a static list; the session's replica dies.
+        port_a = free_port()
+        a = start_server(args.server, workdir, port_a, "replica-a")
+        port_b = free_port()
+        b = None
+        try:
+            target = f"ipv4:127.0.0.1:{port_a},127.0.0.1:{port_b}"
+            proc, out = example(args, workdir, "replicas", target,
+                                ["--step-delay", "0.03", "--lb-policy", "round_robin"])
+            wait_for_steps(proc, 0.3)  # the session is on a: b is not up yet
+            b = start_server(args.server, workdir, port_b, "replica-b")
+            time.sleep(1.5)  # the channel connects to b (reconnect backoff <= 1 s)
+            stop(a, signal.SIGKILL)
+            finish(proc, out, reference, "another replica")
+        finally:
+            stop(a)
+            if b is not None:
+                stop(b)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
