@@ -105,6 +105,10 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "(half the bytes a step reads, outputs within bf16 rounding)")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}))
       ->capture_default_str();
+  app.add_option("--session-idle-timeout", o.session_idle_timeout_s,
+                 "Seconds an Open Inference Protocol sequence (sequence_id) may go without a "
+                 "request before its session ends; later requests get NOT_FOUND")
+      ->capture_default_str();
   app.add_option("--queue-delay-target-ms", o.queue_delay_target_ms,
                  "Overload: once every call starting a run has waited longer than this for "
                  "100 ms, calls with a deadline that would wait longer are refused at once "

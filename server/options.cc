@@ -128,6 +128,9 @@ absl::Status CheckOptions(const ServerOptions& options) {
   if (options.max_batch_tokens < 0) {
     return absl::InvalidArgumentError("--max-batch-tokens must be >= 0");
   }
+  if (options.session_idle_timeout_s <= 0) {
+    return absl::InvalidArgumentError("--session-idle-timeout must be positive");
+  }
   if (options.kv_cache_mib < 0 || options.max_sessions < 0 || options.max_session_tokens <= 0) {
     return absl::InvalidArgumentError(
         "--kv-cache-mib and --max-sessions must be >= 0, --max-session-tokens positive");

@@ -43,6 +43,8 @@ struct ServerOptions {
   int max_sessions = SessionOptions{}.max_sessions;
   int64_t max_session_tokens = SessionOptions{}.max_session_tokens;
   std::string kv_cache_precision = "auto";
+  // an Open Inference Protocol sequence (sequence_id) with no request for this long ends
+  int session_idle_timeout_s = 300;
   // overload: the queueing delay a model tolerates standing (CoDel's target); 0: none
   int64_t queue_delay_target_ms = SchedulerOptions{}.queue_delay_target.count();
   TlsFiles tls;                          // main port: TLS / mTLS when set

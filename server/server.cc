@@ -178,7 +178,9 @@ absl::Status Server::Init(const ServerOptions& options) {
   admission_ = std::make_unique<Admission>(registry_.get(), reporter_.get(), sessions_.get(),
                                            MaxMessageBytes(options));
   service_ = std::make_unique<AttentionService>(admission_.get());
-  inference_service_ = std::make_unique<InferenceService>(admission_.get());
+  sequences_ = std::make_unique<SequenceTable>(
+      std::chrono::milliseconds(int64_t{options.session_idle_timeout_s} * 1000));
+  inference_service_ = std::make_unique<InferenceService>(admission_.get(), sequences_.get());
   if (absl::Status status = StartMainPort(options); !status.ok()) return status;
   if (absl::Status status = StartHealthPort(options); !status.ok()) return status;
   SetServing(true);

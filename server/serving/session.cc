@@ -9,6 +9,18 @@
 
 namespace attnserve::server {
 
+StepArgs MakeStepArgs(const core::RaggedBatch& input, std::span<float> output,
+                      int64_t output_width) {
+  StepArgs args;
+  const std::vector<int64_t> offsets = input.row_offsets();
+  for (int64_t b = 0; b < input.batch(); ++b) {
+    args.inputs.push_back(input.data + offsets[b] * input.width);
+    args.tokens.push_back(input.lengths[b]);
+    args.outputs.push_back(output.data() + offsets[b] * output_width);
+  }
+  return args;
+}
+
 SessionManager::SessionManager(SessionOptions options)
     : options_(options), budget_(options.kv_cache_bytes) {}
 

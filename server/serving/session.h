@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,11 @@ struct StepArgs {
   std::vector<float*> outputs;
   std::optional<int64_t> truncate_to;  // drop cached positions >= this first
 };
+
+// The step of a batch's sequences: each reads its rows of `input` (padded or packed, not
+// segmented) and writes its outputs to the same rows of `output` (`output_width` wide).
+StepArgs MakeStepArgs(const core::RaggedBatch& input, std::span<float> output,
+                      int64_t output_width);
 
 class SessionManager;
 

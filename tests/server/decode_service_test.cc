@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "inference/grpc_service.grpc.pb.h"
 #include "tests/common/golden.h"
 #include "tests/server/scrape.h"
 #include "tests/server/test_util.h"
@@ -316,6 +318,133 @@ TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
     stream->WritesDone();
     EXPECT_TRUE(stream->Finish().ok());
   }
+}
+
+// A drain with sessions open: the next message of each ends its stream UNAVAILABLE (the client
+// replays elsewhere) and its cache goes.
+TEST_F(DecodeServiceTest, ADrainEndsOpenSessionsUnavailable) {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest first = Tokens(0, 4);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  ASSERT_EQ(Exchange(*stream, first).error_code(), 0);
+  server_->Drain(std::chrono::seconds(5), std::chrono::milliseconds(0));
+  ASSERT_TRUE(stream->Write(Tokens(4, 1)));
+  v1::DecodeResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+}
+
+// --- The same sessions through the Open Inference Protocol (Triton's sequence parameters) ---
+
+// A ModelInferRequest appending tokens [from, from + n) of `sequence` to sequence `id`.
+inference::ModelInferRequest SequenceRequest(const std::vector<float>& sequence, int64_t from,
+                                             int64_t n, uint64_t id, bool start, bool end) {
+  inference::ModelInferRequest request;
+  request.set_model_name("demo");
+  auto* input = request.add_inputs();
+  input->set_name("input");
+  input->set_datatype("FP32");
+  for (int64_t d : {int64_t{1}, n, kWidth}) input->add_shape(d);
+  request.add_raw_input_contents(std::string(reinterpret_cast<const char*>(sequence.data() + from * kWidth),
+                                             n * kWidth * sizeof(float)));
+  (*request.mutable_parameters())["sequence_id"].set_uint64_param(id);
+  if (start) (*request.mutable_parameters())["sequence_start"].set_bool_param(true);
+  if (end) (*request.mutable_parameters())["sequence_end"].set_bool_param(true);
+  return request;
+}
+
+std::vector<float> RawOutput(const inference::ModelInferResponse& response) {
+  if (response.raw_output_contents_size() == 0) return {};
+  const std::string& raw = response.raw_output_contents(0);
+  std::vector<float> out(raw.size() / sizeof(float));
+  std::memcpy(out.data(), raw.data(), raw.size());
+  return out;
+}
+
+TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
+  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  auto call = [&](const inference::ModelInferRequest& request,
+                  inference::ModelInferResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return infer->ModelInfer(&context, request, response);
+  };
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(call(SequenceRequest(sequence_, 0, 10, 7, true, false), &response).ok());
+  std::vector<float> got = RawOutput(response);
+  for (int64_t p = 10; p < 14; ++p) {
+    const grpc::Status status = call(SequenceRequest(sequence_, p, 1, 7, false, p == 13), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    const std::vector<float> row = RawOutput(response);
+    got.insert(got.end(), row.begin(), row.end());
+  }
+  // The same 14 tokens through a Decode stream.
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest first = Tokens(0, 14);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const std::vector<float> want = TensorValues(Exchange(*stream, first).output());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  // sequence_end ended it: the id is unknown now, and the error names it.
+  const grpc::Status ended = call(SequenceRequest(sequence_, 14, 1, 7, false, false), &response);
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(ended.error_message().find("sequence 7"), std::string::npos) << ended.error_message();
+}
+
+TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheStream) {
+  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = infer->ModelStreamInfer(&context);
+  inference::ModelStreamInferResponse response;
+  // No sequence_id: refused in the stream, which stays open.
+  inference::ModelInferRequest plain = SequenceRequest(sequence_, 0, 2, 1, true, false);
+  plain.mutable_parameters()->erase("sequence_id");
+  ASSERT_TRUE(stream->Write(plain));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_NE(response.error_message().find("sequence_id"), std::string::npos);
+  // Unknown sequence without sequence_start: NOT_FOUND in the stream.
+  ASSERT_TRUE(stream->Write(SequenceRequest(sequence_, 0, 2, 99, false, false)));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_NE(response.error_message().find("NOT_FOUND"), std::string::npos) << response.error_message();
+  ASSERT_TRUE(stream->Write(SequenceRequest(sequence_, 0, 3, 5, true, false)));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.error_message(), "");
+  EXPECT_EQ(RawOutput(response.infer_response()).size(), static_cast<size_t>(3 * kWidth));
+  ASSERT_TRUE(stream->Write(SequenceRequest(sequence_, 3, 1, 5, false, true)));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.error_message(), "");
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
+TEST_F(DecodeServiceTest, ASequenceIdleLongerThanTheTimeoutEnds) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  options.session_idle_timeout_s = 1;
+  server_ = StartServer(options);
+  ASSERT_NE(server_, nullptr);
+  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  inference::ModelInferResponse response;
+  grpc::ClientContext start_context;
+  ASSERT_TRUE(infer->ModelInfer(&start_context, SequenceRequest(sequence_, 0, 4, 3, true, false),
+                                &response)
+                  .ok());
+  EXPECT_EQ(Gauge("attnserve_sessions"), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  grpc::ClientContext late_context;
+  EXPECT_EQ(infer->ModelInfer(&late_context, SequenceRequest(sequence_, 4, 1, 3, false, false),
+                              &response)
+                .error_code(),
+            grpc::StatusCode::NOT_FOUND);
 }
 
 // Resident memory of this process (the server runs in it), in bytes.

@@ -1,10 +1,14 @@
 #include "server/frontends/oip/inference_service.h"
 
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/frontends/oip/infer_call.h"
 #include "server/frontends/oip/infer_codec.h"
+#include "server/frontends/oip/sequence_call.h"
 #include "server/frontends/raw_call.h"
 
 namespace attnserve::server {
@@ -21,6 +25,17 @@ void AddTensor(
   tensor->set_name(name);
   tensor->set_datatype(datatype);
   tensor->mutable_shape()->Assign(shape.begin(), shape.end());
+}
+
+// Whether the request's bytes may carry a sequence_id parameter, looked for without parsing:
+// protobuf writes fields in number order, so the parameters (4) come before the tensors (5-7),
+// within the first slice of any request that has them. A false positive only costs a parse.
+bool MayBeSequence(const grpc::ByteBuffer& request) {
+  std::vector<grpc::Slice> slices;
+  if (!request.Dump(&slices).ok() || slices.empty()) return false;
+  const absl::string_view first(reinterpret_cast<const char*>(slices[0].begin()),
+                                slices[0].size());
+  return first.substr(0, 4096).find("sequence_id") != absl::string_view::npos;
 }
 
 }  // namespace
@@ -90,7 +105,29 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
+  if (MayBeSequence(*request)) {
+    auto parsed = std::make_unique<inference::ModelInferRequest>();
+    grpc::ByteBuffer bytes(*request);
+    grpc::ProtoBufferReader reader(&bytes);
+    if (parsed->ParseFromZeroCopyStream(&reader)) {
+      absl::StatusOr<std::optional<SequenceParams>> params = ReadSequenceParams(*parsed);
+      if (!params.ok()) {
+        grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+        reactor->Finish(ToGrpcStatus(params.status()));
+        return reactor;
+      }
+      if (params->has_value()) {
+        return new SequenceInferCall(admission_, sequences_, std::move(parsed), **params,
+                                     response);
+      }
+    }
+  }
   return AdmitRawCall<InferCall>(admission_, context, request, response);
+}
+
+grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+InferenceService::ModelStreamInfer(grpc::CallbackServerContext* /*context*/) {
+  return new StreamInferCall(admission_, sequences_);
 }
 
 absl::StatusOr<ServedModel*> InferenceService::FindModel(const std::string& name,

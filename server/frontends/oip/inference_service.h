@@ -2,6 +2,7 @@
 
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/serving/admission.h"
+#include "server/serving/sequence_table.h"
 
 namespace attnserve::server {
 
@@ -18,10 +19,12 @@ class InferenceService final
                   inference::GRPCInferenceService::WithRawCallbackMethod_ServerMetadata<
                       inference::GRPCInferenceService::WithRawCallbackMethod_ModelMetadata<
                           inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
-                              inference::GRPCInferenceService::Service>>>>>> {
+                              inference::GRPCInferenceService::WithCallbackMethod_ModelStreamInfer<
+                                  inference::GRPCInferenceService::Service>>>>>>> {
  public:
-  // `admission` outlives the service.
-  explicit InferenceService(Admission* admission) : admission_(admission) {}
+  // `admission` and `sequences` (sessions keyed by sequence_id) outlive the service.
+  InferenceService(Admission* admission, SequenceTable* sequences)
+      : admission_(admission), sequences_(sequences) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
@@ -41,12 +44,15 @@ class InferenceService final
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* context) override;
 
  private:
   // The model `name` (and `version`) names, or NotFound.
   absl::StatusOr<ServedModel*> FindModel(const std::string& name, const std::string& version) const;
 
   Admission* const admission_;
+  SequenceTable* const sequences_;
 };
 
 // The tensor contract of `model` as ModelMetadata states it: -1 for dimensions of any size.

@@ -135,12 +135,7 @@ absl::Status DecodeCall::MakeStep(StepArgs* args) {
       SizeReplyTensor(OutputShape(input_, shapes), shapes.output_size(), raw_,
                       response_.mutable_output());
   if (!output.ok()) return output.status();
-  const std::vector<int64_t> offsets = input_.row_offsets();
-  for (int64_t b = 0; b < input_.batch(); ++b) {
-    args->inputs.push_back(input_.data + offsets[b] * input_.width);
-    args->tokens.push_back(input_.lengths[b]);
-    args->outputs.push_back(output->data() + offsets[b] * shapes.output_width);
-  }
+  *args = MakeStepArgs(input_, *output, shapes.output_width);
   if (request_.has_truncate_to()) args->truncate_to = request_.truncate_to();
   return absl::OkStatus();
 }

@@ -1,0 +1,78 @@
+#include "server/serving/sequence_table.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/observability/logging.h"
+
+namespace attnserve::server {
+
+SequenceTable::SequenceTable(std::chrono::milliseconds idle_timeout)
+    : idle_timeout_(idle_timeout),
+      reaper_(std::clamp(idle_timeout / 4, std::chrono::milliseconds(10),
+                         std::chrono::milliseconds(1000)),
+              [this] {
+                Reap();
+                return true;
+              }) {}
+
+SequenceTable::~SequenceTable() { reaper_.Stop(); }
+
+void SequenceTable::Start(const std::string& id, std::shared_ptr<Session> session) {
+  std::shared_ptr<Session> old;
+  {
+    std::lock_guard lock(mu_);
+    Entry& entry = entries_[id];
+    old = std::move(entry.session);
+    entry = {std::move(session), Clock::now()};
+  }
+  if (old != nullptr) {
+    Log(LogLevel::kInfo, "sequence_start on a sequence id in use: its session ended",
+        {{"sequence_id", Clipped(id)}});
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "sequence ", Clipped(id), " has no session: never started, ended, or idle past "
+        "--session-idle-timeout; send sequence_start"));
+  }
+  it->second.last_used = Clock::now();
+  return it->second.session;
+}
+
+void SequenceTable::End(const std::string& id) {
+  std::shared_ptr<Session> ended;
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  ended = std::move(it->second.session);
+  entries_.erase(it);
+}
+
+size_t SequenceTable::size() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
+}
+
+void SequenceTable::Reap() {
+  std::vector<std::shared_ptr<Session>> ended;  // freed outside the lock
+  const Clock::time_point now = Clock::now();
+  std::lock_guard lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    // A session a request is using (a step in flight holds it too) is not idle.
+    if (now - it->second.last_used < idle_timeout_ || it->second.session.use_count() > 1) {
+      ++it;
+      continue;
+    }
+    ended.push_back(std::move(it->second.session));
+    it = entries_.erase(it);
+  }
+}
+
+}  // namespace attnserve::server

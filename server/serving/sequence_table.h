@@ -1,0 +1,55 @@
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/base/periodic_thread.h"
+#include "server/serving/clock.h"
+#include "server/serving/session.h"
+
+namespace attnserve::server {
+
+// Decode sessions keyed by a client's sequence id (the Open Inference Protocol's sequence_id,
+// as Triton's sequence batcher keys them): started by a request with sequence_start, ended by
+// one with sequence_end or after `idle_timeout` without a request.
+class SequenceTable {
+ public:
+  // Starts the idle reaper.
+  explicit SequenceTable(std::chrono::milliseconds idle_timeout);
+  ~SequenceTable();
+
+  SequenceTable(const SequenceTable&) = delete;
+  SequenceTable& operator=(const SequenceTable&) = delete;
+
+  // Keeps `session` under `id`; a session the id had ends (and the log says so).
+  void Start(const std::string& id, std::shared_ptr<Session> session);
+
+  // The session of `id`, its idle clock restarted; NotFound naming the id when it has none
+  // (never started, ended, or idle past the timeout).
+  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& id);
+
+  // Ends the session of `id`, if any.
+  void End(const std::string& id);
+
+  // Sessions held now.
+  size_t size() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<Session> session;
+    Clock::time_point last_used;
+  };
+  // Ends the sessions idle past the timeout that no request is using.
+  void Reap();
+
+  const std::chrono::milliseconds idle_timeout_;
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> entries_;  // guarded by mu_
+  PeriodicThread reaper_;                 // last: stopped before the entries go
+};
+
+}  // namespace attnserve::server
