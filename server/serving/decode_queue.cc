@@ -134,6 +134,9 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
   try {
     for (size_t i = 0; i < steps.size() && status.ok(); ++i) {
       Session& session = *steps[i]->session;
+      // Each session's state is read and written under its lock: its frontend's next Step
+      // (on another thread, after this step's answer) sees what this run did.
+      std::lock_guard session_lock(session.mu_);
       // A causal cross session's context is projected once, by its first run.
       for (size_t b = 0; b < session.pending_context_.size() && status.ok(); ++b) {
         const int64_t tokens =
@@ -153,23 +156,31 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
   int64_t tokens = 0;
   for (const core::DecodeSequence& seq : run) tokens += seq.tokens;
   if (metrics_ != nullptr && status.ok()) metrics_->DecodeRun(tokens);
-  // Each step's sequences move on by what this run computed.
+  // Each step's sequences move on by what this run computed; a step done frees the blocks it
+  // reserved and did not use.
+  std::vector<bool> finished(steps.size());
+  size_t k = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Pending& step = *steps[i];
+    std::lock_guard session_lock(step.session->mu_);
+    for (; k < run.size() && step_of[k] == i; ++k) {
+      if (!status.ok()) continue;
+      step.done_tokens[sequence_of[k]] += run[k].tokens;
+      step.session->positions_[sequence_of[k]] += run[k].tokens;
+    }
+    finished[i] = !status.ok() || Finished(step);
+    if (finished[i]) {
+      for (auto& cache : step.session->caches_) cache->Shrink();
+    }
+  }
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> answers;
   {
     std::lock_guard lock(mu_);
-    if (status.ok()) {
-      for (size_t k = 0; k < run.size(); ++k) {
-        Pending& step = *steps[step_of[k]];
-        step.done_tokens[sequence_of[k]] += run[k].tokens;
-        step.session->positions_[sequence_of[k]] += run[k].tokens;
-      }
-    }
-    for (Pending* step : steps) {
-      step->running = false;
-      if (status.ok() && !Finished(*step)) continue;
-      for (auto& cache : step->session->caches_) cache->Shrink();
-      answers.emplace_back(std::move(step->done), status);
-      step->answered = true;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      steps[i]->running = false;
+      if (!finished[i]) continue;
+      answers.emplace_back(std::move(steps[i]->done), status);
+      steps[i]->answered = true;
     }
     pending_.remove_if([](const Pending& step) { return step.answered; });
     running_ = false;

@@ -123,7 +123,13 @@ absl::Status Session::ReserveAll(const std::vector<int64_t>& lengths) {
   return absl::OkStatus();
 }
 
+std::vector<int64_t> Session::positions() const {
+  std::lock_guard lock(mu_);
+  return positions_;
+}
+
 absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done) {
+  std::unique_lock lock(mu_);
   const int64_t batch = this->batch();
   if (static_cast<int64_t>(args.tokens.size()) != batch) {
     return absl::InvalidArgumentError(absl::StrCat("the session has ", batch,
@@ -154,6 +160,7 @@ absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done
     positions_[b] = kept[b];
     if (kind_ == core::AttentionKind::kCausal) caches_[b]->Rewind(kept[b]);
   }
+  lock.unlock();  // the run may start (and answer) before Submit returns
   queue_->Submit(this, std::move(args), std::move(done));
   return absl::OkStatus();
 }

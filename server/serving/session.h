@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -66,7 +67,7 @@ class Session {
   core::AttentionKind kind() const { return kind_; }
   int64_t batch() const { return static_cast<int64_t>(positions_.size()); }
   // Each sequence's cached length (query tokens so far).
-  const std::vector<int64_t>& positions() const { return positions_; }
+  std::vector<int64_t> positions() const;
 
   // Checks `args` against the session and its limits and reserves cache room for it: a refused
   // step (InvalidArgument, ResourceExhausted naming the limit) changes nothing and `done` is not
@@ -89,6 +90,9 @@ class Session {
   absl::Status ReserveAll(const std::vector<int64_t>& lengths);
 
   SessionManager* const manager_;
+  // Guards the sequences' state below between the frontend's thread (Step) and the compute
+  // thread (the step's run): they never use it at once, the lock orders what each sees.
+  mutable std::mutex mu_;
   const std::string model_;
   const std::shared_ptr<const core::Layer> layer_;
   const core::AttentionKind kind_;
