@@ -1,6 +1,8 @@
 #include "client/decode_session.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

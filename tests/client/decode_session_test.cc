@@ -59,6 +59,23 @@ void ExpectNear(const FloatArray& got, const FloatArray& want, const std::string
   EXPECT_LT(worst, 1e-4) << what;
 }
 
+// Options with one field changed (designated initializers would warn about the others).
+DecodeOptions WithBatch(int batch) {
+  DecodeOptions o;
+  o.batch = batch;
+  return o;
+}
+DecodeOptions WithModel(const std::string& model) {
+  DecodeOptions o;
+  o.model = model;
+  return o;
+}
+DecodeOptions WithKind(v1::AttentionKind kind) {
+  DecodeOptions o;
+  o.kind = kind;
+  return o;
+}
+
 class DecodeSessionTest : public SharedServerTest {
  protected:
   static void SetUpTestSuite() { StartServer({"--threads", "2", "--log-level", "warn"}); }
@@ -72,7 +89,7 @@ class DecodeSessionTest : public SharedServerTest {
 TEST_F(DecodeSessionTest, PromptThenStepsEqualForwardOverThePrefix) {
   // Two sequences: a prompt of 5 and 3 tokens (padded), then packed steps of 2 and 1, 1 and 0.
   const FloatArray whole = Random({2, 8, kWidth}, 7);
-  auto session = DecodeSession::Open(*client_, DecodeOptions{.batch = 2});
+  auto session = DecodeSession::Open(*client_, WithBatch(2));
   ASSERT_TRUE(session.ok()) << session.status();
   FloatArray prompt = Random({2, 5, kWidth}, 0);
   for (int64_t b = 0; b < 2; ++b) {
@@ -142,7 +159,7 @@ TEST_F(DecodeSessionTest, RefusedStepsLeaveTheSessionUnchanged) {
 }
 
 TEST_F(DecodeSessionTest, AnUnknownModelEndsTheStreamWithNotFound) {
-  auto session = DecodeSession::Open(*client_, DecodeOptions{.model = "nope"});
+  auto session = DecodeSession::Open(*client_, WithModel("nope"));
   ASSERT_TRUE(session.ok()) << session.status();
   absl::StatusOr<DecodeStepResult> step = (*session)->Step(Random({1, 1, kWidth}, 0));
   EXPECT_EQ(step.status().code(), absl::StatusCode::kNotFound) << step.status();
@@ -150,16 +167,16 @@ TEST_F(DecodeSessionTest, AnUnknownModelEndsTheStreamWithNotFound) {
   EXPECT_EQ((*session)->Step(Random({1, 1, kWidth}, 0)).status().code(),
             absl::StatusCode::kNotFound);
   // A kind that is not causal is refused before a stream is made.
-  EXPECT_EQ(DecodeSession::Open(*client_, DecodeOptions{.kind = v1::ATTENTION_KIND_BIDIRECTIONAL})
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      DecodeSession::Open(*client_, WithKind(v1::ATTENTION_KIND_BIDIRECTIONAL)).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(DecodeSessionTest, CrossSessionKeepsItsContext) {
   const FloatArray context = Random({1, 6, kWidth}, 4);
-  auto session = DecodeSession::Open(
-      *client_, DecodeOptions{.kind = v1::ATTENTION_KIND_CAUSAL_CROSS, .context = context});
+  DecodeOptions cross = WithKind(v1::ATTENTION_KIND_CAUSAL_CROSS);
+  cross.context = context;
+  auto session = DecodeSession::Open(*client_, cross);
   ASSERT_TRUE(session.ok()) << session.status();
   const FloatArray whole = Random({1, 3, kWidth}, 5);
   absl::StatusOr<DecodeStepResult> a = (*session)->Step(Rows(whole, 0, 0, 2));

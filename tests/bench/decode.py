@@ -1,0 +1,275 @@
+#!/usr/bin/python3
+"""The decode-session benchmark (issue 23): one run, printing ratios. Run by hand, not by ctest:
+
+  /usr/bin/python3 tests/bench/decode.py [--build build] [--quick] [--skip-4096]
+
+Starts attnserve (f32 cache, then --kv-cache-precision bf16) with the demo layer and a
+768-wide 12-head layer whose weights numpy writes into a temp dir, and drives it with the C++
+load tester (attnserve-client bench --decode/--json); Python only orchestrates. Prints:
+
+- the memory-bound ceiling measured in the same run: a large memory copy's bandwidth (numpy,
+  1 GiB, best of 5, one and two threads, read + write bytes) / the cache bytes a token's step
+  reads (2 * inner * element bytes * mean cached length) -> max tokens/s; and the sessions'
+  tokens/s (64 streams of one sequence, one stream of B = 64; prompt 512 and 4096, 128 steps
+  of 1 token), as a ratio to it (target >= 0.6 on the 768-wide layer);
+- recompute: the same generation done by Forward over the whole prefix each step, one
+  sequence, 768-wide, prompts 128, 512 and 2048 (target >= 20x at 512);
+- server CPU (/proc/PID/stat utime + stime) per 1-token streamed step / per unary 1x1 Forward
+  (target <= 0.6);
+- step latency p99 of 32 sessions with and without 4096-token prompts arriving (chunked
+  prefill; target <= 2x).
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+from save_layer import save_layer  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def copy_bandwidth(gib=1, reps=5):
+    """Bytes/s (read + write) of the best 1 GiB copy, one thread or two (numpy frees the GIL)."""
+    n = (gib << 30) // 4
+    src = np.ones(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch every page first
+    best = 0.0
+    for threads in (1, 2):
+        parts = np.array_split(np.arange(n), threads)
+        bounds = [(p[0], p[-1] + 1) for p in parts]
+        for _ in range(reps):
+            workers = [threading.Thread(target=np.copyto, args=(dst[a:b], src[a:b]))
+                       for a, b in bounds]
+            t = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            best = max(best, 2 * src.nbytes / (time.perf_counter() - t))
+    del src, dst
+    return best
+
+
+def write_wide_layer(path, d=768, heads=12):
+    rng = np.random.default_rng(11)
+    s = 1 / np.sqrt(d)
+    save_layer(path, {"in_proj_weight": rng.standard_normal((3 * d, d)) * s,
+                      "in_proj_bias": rng.standard_normal(3 * d) * 0.02,
+                      "out_proj.weight": rng.standard_normal((d, d)) * s,
+                      "out_proj.bias": rng.standard_normal(d) * 0.02}, num_heads=heads)
+
+
+class Server:
+    def __init__(self, binary, workdir, models, extra):
+        self.port = free_port()
+        self.log = open(os.path.join(workdir, f"server-{self.port}.log"), "w")
+        port_file = os.path.join(workdir, f"port-{self.port}")
+        argv = [binary, "--listen", f"127.0.0.1:{self.port}", "--port-file", port_file,
+                "--metrics-listen", "off", "--log-level", "warn"]
+        argv += [f"--model={m}" for m in models] + list(extra)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while not (os.path.exists(port_file) and open(port_file).read().endswith("\n")):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"attnserve did not start: {open(self.log.name).read()}")
+            time.sleep(0.1)
+        self.target = f"127.0.0.1:{self.port}"
+
+    def cpu_seconds(self):
+        fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class Bench:
+    def __init__(self, client, target):
+        self.client, self.target = client, target
+
+    def run(self, *args, background=False):
+        argv = [self.client, "--target", self.target, "--timeout", "600", "bench",
+                *[str(a) for a in args], "--json"]
+        if background:
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr[-2000:]}")
+        return json.loads(r.stdout)
+
+    def decode(self, model, sessions, batch, prompt, steps, k=1):
+        return self.run("--decode", "--model", model, "--sessions", sessions, "--batch", batch,
+                        "--prompt", prompt, "--steps", steps, "--tokens-per-step", k)
+
+    def forward(self, model, shape, requests, concurrency=1):
+        return self.run("--model", model, "--kind", "causal", "--random", shape, "--requests",
+                        requests, "--duration", 0, "-c", concurrency, "--warmup-seconds", 0.2)
+
+
+def ceiling_rows(bench, bandwidth, models, element_bytes, lengths, steps, label):
+    """Sessions' tokens/s for N streams and one stream of B=N (N = 64, or --long-sequences at
+    cache length 4096), as a share of the memory-bound ceiling."""
+    rows = []
+    for name, inner in models:
+        for prompt, n in lengths:
+            mean_len = prompt + steps / 2
+            per_token = 2 * inner * element_bytes * mean_len
+            ceiling = bandwidth / per_token
+            for sessions, batch in ((n, 1), (1, n)):
+                r = bench.decode(name, sessions, batch, prompt, steps)
+                tps = r["decode"]["tokens_per_second"]
+                rows.append((label, name, prompt, f"{sessions}x B={batch}", tps, ceiling,
+                             r["decode"]["inter_token_latency_ms"]["p99"]))
+                print(f"  {label} {name:5s} prompt {prompt:5d} {sessions:2d} sessions x B={batch:2d}:"
+                      f" {tps:9.0f} tokens/s, ceiling {ceiling:9.0f} -> {tps / ceiling:.3f}",
+                      flush=True)
+    return rows
+
+
+def recompute_rows(bench, model, prompts, steps):
+    """One sequence generating `steps` tokens: a session vs Forward over the prefix each step."""
+    rows = []
+    for prompt in prompts:
+        session = bench.decode(model, 1, 1, prompt, steps)["decode"]["tokens_per_second"]
+        # Forward over the prefix: its length grows from prompt to prompt + steps; the mean
+        # length's latency is each step's mean cost (compute grows about linearly with it here).
+        length = prompt + steps // 2
+        fwd = bench.forward(model, f"1,{length}", max(8, min(steps, 64)))
+        recompute = 1000.0 / fwd["latency_ms"]["mean"]
+        rows.append((prompt, session, recompute))
+        print(f"  recompute {model} prompt {prompt:5d}: session {session:8.0f} tokens/s, "
+              f"Forward over the prefix {recompute:8.1f} tokens/s -> {session / recompute:.1f}x",
+              flush=True)
+    return rows
+
+
+def cpu_ratio(server, bench, model, quick):
+    """Server CPU per 1-token step of 16 streams / per 1x1 Forward with 16 calls in flight."""
+    reps = 2 if quick else 4
+    steps = 128
+    before = server.cpu_seconds()
+    for _ in range(reps):
+        bench.decode(model, 16, 1, 1, steps)
+    step_cpu = (server.cpu_seconds() - before) / (reps * 16 * (steps + 1))
+    before = server.cpu_seconds()
+    calls = 0
+    for _ in range(reps):
+        r = bench.forward(model, "1,1", 16 * (steps + 1), concurrency=16)
+        calls += r["ok"]
+    # The warm-up's calls (0.2 s) are not in "ok": count them out by rate.
+    forward_cpu = (server.cpu_seconds() - before) / (calls + reps * 0.2 * r["requests_per_second"])
+    print(f"  server CPU: {step_cpu * 1e6:.1f} us per streamed 1-token step, "
+          f"{forward_cpu * 1e6:.1f} us per unary 1x1 Forward -> {step_cpu / forward_cpu:.2f}",
+          flush=True)
+    return step_cpu, forward_cpu
+
+
+def prefill_p99(bench, model, steps):
+    """Step p99 of 32 sessions alone, then with 4096-token prompts arriving all the while."""
+    alone = bench.decode(model, 32, 1, 128, steps)["decode"]["inter_token_latency_ms"]["p99"]
+    stop = threading.Event()
+    prompts = [0]
+
+    def arrive():
+        while not stop.is_set():
+            bench.run("--decode", "--model", model, "--sessions", 1, "--prompt", 4096,
+                      "--steps", 1)
+            prompts[0] += 1
+    feeder = threading.Thread(target=arrive)
+    feeder.start()
+    time.sleep(0.5)
+    try:
+        busy = bench.decode(model, 32, 1, 128, steps)["decode"]["inter_token_latency_ms"]["p99"]
+    finally:
+        stop.set()
+        feeder.join()
+    print(f"  chunked prefill: step p99 {alone:.2f} ms alone, {busy:.2f} ms with 4096-token "
+          f"prompts arriving ({prompts[0]} prompts) -> {busy / alone:.2f}x", flush=True)
+    return alone, busy
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
+    parser.add_argument("--skip-4096", action="store_true", help="no cache-length-4096 rows")
+    parser.add_argument("--long-sequences", type=int, default=64,
+                        help="sequences of the cache-length-4096 rows (each needs a 4096-token "
+                             "prefill first)")
+    args = parser.parse_args()
+    server_bin = os.path.join(args.build, "server", "attnserve")
+    client_bin = os.path.join(args.build, "client", "attnserve-client")
+    steps = 16 if args.quick else 128
+    lengths = [(512, 64)] + ([] if args.skip_4096 else [(4096, args.long_sequences)])
+
+    print("memory copy bandwidth (1 GiB, best of 5)...", flush=True)
+    bandwidth = copy_bandwidth()
+    print(f"  {bandwidth / 1e9:.2f} GB/s (read + write)", flush=True)
+    models = [("demo", 256), ("wide", 768)]
+    table = {"bandwidth": bandwidth}
+    with tempfile.TemporaryDirectory() as workdir:
+        layer = os.path.join(workdir, "wide.safetensors")
+        write_wide_layer(layer)
+        specs = ["demo=built-in", f"wide={layer}:num_heads=12"]
+        for precision, element_bytes in (("f32", 4), ("bf16", 2)):
+            server = Server(server_bin, workdir, specs,
+                            ["--kv-cache-precision", precision, "--kv-cache-mib", "8192"])
+            bench = Bench(client_bin, server.target)
+            try:
+                print(f"sessions vs the memory-bound ceiling, {precision} cache:", flush=True)
+                table[f"ceiling_{precision}"] = ceiling_rows(bench, bandwidth, models,
+                                                             element_bytes, lengths, steps,
+                                                             precision)
+                if precision == "f32":
+                    print("against recompute (768-wide, one sequence):", flush=True)
+                    table["recompute"] = recompute_rows(bench, "wide", [128, 512, 2048], steps)
+                    print("serving cost (demo layer):", flush=True)
+                    table["cpu"] = cpu_ratio(server, bench, "demo", args.quick)
+                    print("chunked prefill (768-wide, 32 sessions):", flush=True)
+                    table["prefill"] = prefill_p99(bench, "wide", 2 * steps)
+            finally:
+                server.stop()
+
+    print("\n| measure | value | target |\n|---|---|---|")
+    for precision in ("f32", "bf16"):
+        for label, name, prompt, how, tps, ceiling, _ in table[f"ceiling_{precision}"]:
+            target = ">= 0.6" if name == "wide" else "(per-message cost)"
+            print(f"| {name} {precision} cache, prompt {prompt}, {how}: tokens/s / ceiling | "
+                  f"{tps:.0f} / {ceiling:.0f} = {tps / ceiling:.3f} | {target} |")
+    for prompt, session, recompute in table["recompute"]:
+        print(f"| session / recompute, 768-wide, prompt {prompt} | "
+              f"{session:.0f} / {recompute:.1f} = {session / recompute:.1f}x | "
+              f"{'>= 20x' if prompt == 512 else ''} |")
+    step_cpu, forward_cpu = table["cpu"]
+    print(f"| server CPU per streamed 1-token step / per unary 1x1 Forward | "
+          f"{step_cpu * 1e6:.1f} us / {forward_cpu * 1e6:.1f} us = {step_cpu / forward_cpu:.2f}"
+          f" | <= 0.6 |")
+    alone, busy = table["prefill"]
+    print(f"| step p99 of 32 sessions with / without 4096-token prompts | "
+          f"{busy:.2f} / {alone:.2f} ms = {busy / alone:.2f}x | <= 2x |")
+
+
+if __name__ == "__main__":
+    main()
