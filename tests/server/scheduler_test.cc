@@ -59,6 +59,7 @@ class FakeJob final : public Job {
     return shapes.output_size() * 4;
   }
   absl::StatusOr<ForwardBuffers> Buffers(const core::ForwardShapes& shapes) override {
+    std::this_thread::sleep_for(slow_buffers_);  // a run that takes at least this long
     output_.assign(shapes.output_size(), -1.0f);  // Buffers promises zeros: check it writes them
     std::fill(output_.begin(), output_.end(), 0.0f);
     return ForwardBuffers{output_, {}};
@@ -81,6 +82,8 @@ class FakeJob final : public Job {
     return finished_at_;
   }
   const std::vector<float>& output() const { return output_; }
+  // Makes the call's run take at least `duration` (its buffers are made inside the run).
+  void set_slow_buffers(Clock::duration duration) { slow_buffers_ = duration; }
 
   // What the layer gives for this call alone (Layer::Forward, no scheduler).
   std::vector<float> Alone() const {
@@ -97,6 +100,7 @@ class FakeJob final : public Job {
   std::condition_variable cv_;
   std::optional<absl::Status> status_;
   Clock::time_point finished_at_;
+  Clock::duration slow_buffers_{0};
 };
 
 // Records how each call ran.
@@ -127,7 +131,9 @@ class RecordingReporter final : public CallReporter {
 // Admission's part, as the scheduler expects it: a queue place first, then Submit.
 void Queue(Scheduler& scheduler, FakeJob& job) {
   ASSERT_TRUE(scheduler.Reserve().ok());
-  ASSERT_TRUE(scheduler.Submit(&job).ok());
+  const absl::Status submitted = scheduler.Submit(&job);
+  if (!submitted.ok()) scheduler.Release();  // as admission does: a refused call holds no place
+  ASSERT_TRUE(submitted.ok()) << submitted;
 }
 
 SchedulerOptions Options(int64_t tokens, milliseconds delay, int max_queue = 128) {
@@ -340,12 +346,18 @@ TEST(SchedulerOverloadTest, ComputeForACallAnsweredAfterItsDeadlineIsCountedLate
   const std::string late_key = SeriesKey("attnserve_late_compute_seconds_total", {{"model", "m"}});
   double late = 0;
   // Before any run is measured nothing is refused on a guess, so a call whose deadline is
-  // shorter than its run runs and ends late. (A fresh scheduler each try: a slow machine may
-  // let the deadline pass before the run starts, and then the call leaves without compute.)
+  // shorter than its run (made to last 200 ms) runs and ends late. A fresh scheduler each try:
+  // a loaded machine may let the deadline pass before the run starts, and then the call leaves
+  // without compute (or is refused before it queues).
   for (int attempt = 0; attempt < 5 && late == 0; ++attempt) {
     Scheduler scheduler("m", DemoLayer(), Options(0, milliseconds(0)), &executor, &reporter);
-    FakeJob job(std::vector<int64_t>(8, 1024), 1024, attempt, Clock::now() + milliseconds(20));
-    Queue(scheduler, job);
+    FakeJob job({16}, 16, attempt, Clock::now() + milliseconds(100));
+    job.set_slow_buffers(milliseconds(200));
+    ASSERT_TRUE(scheduler.Reserve().ok());
+    if (!scheduler.Submit(&job).ok()) {
+      scheduler.Release();
+      continue;
+    }
     ASSERT_TRUE(job.Wait().has_value());
     absl::StatusOr<std::map<std::string, double>> samples = Scrape(*port);
     ASSERT_TRUE(samples.ok()) << samples.status();
