@@ -18,15 +18,18 @@ void Admission::Admit(Job* job) {
     return;
   }
   absl::StatusOr<absl::string_view> requested = job->RequestedModel();
-  absl::StatusOr<ServedModel*> model =
-      requested.ok() ? registry_->Find(*requested) : requested.status();
-  if (!model.ok()) {
-    reporter_->Answer(*job, "", /*decoded=*/false, model.status(), {});
+  absl::StatusOr<ModelRegistry::Found> found =
+      requested.ok() ? registry_->Find(*requested, job->RequestedVersion()) : requested.status();
+  if (!found.ok()) {
+    reporter_->Answer(*job, "", /*decoded=*/false, found.status(), {});
     return;
   }
-  const std::string& name = (*model)->name;
+  ServedModel* model = found->model;
+  const std::string& name = model->name;
+  // From here the call holds its version until it is answered, whatever swaps happen.
+  job->set_version(std::move(found->version));
   absl::Status status = job->CheckAlive();
-  if (status.ok()) status = (*model)->scheduler->Reserve(job->deadline());
+  if (status.ok()) status = model->scheduler->Reserve(job->deadline());
   if (!status.ok()) {
     reporter_->Answer(*job, name, /*decoded=*/false, status, {});
     return;
@@ -36,7 +39,7 @@ void Admission::Admit(Job* job) {
   try {
     status = job->Decode();
     decoded = status.ok();
-    if (decoded) status = Queue(job, **model);
+    if (decoded) status = Queue(job, *model);
   } catch (const std::exception& e) {
     // Copying a huge misaligned tensor can run out of memory; nothing may escape to gRPC.
     status = dynamic_cast<const std::bad_alloc*>(&e) != nullptr
@@ -44,14 +47,15 @@ void Admission::Admit(Job* job) {
                  : absl::InternalError(absl::StrCat("cannot take the call: ", e.what()));
   }
   if (!status.ok()) {
-    (*model)->scheduler->Release();
+    model->scheduler->Release();
     reporter_->Answer(*job, name, decoded, status, {});
   }
 }
 
 absl::Status Admission::Queue(Job* job, ServedModel& model) {
-  if (absl::Status status = model.layer->Validate(job->args()); !status.ok()) return status;
-  const int64_t bytes = job->ReplyBytes(model.layer->Shapes(job->args()));
+  const core::Layer& layer = *job->version().layer;
+  if (absl::Status status = layer.Validate(job->args()); !status.ok()) return status;
+  const int64_t bytes = job->ReplyBytes(layer.Shapes(job->args()));
   if (bytes > max_reply_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat("the reply would take ", bytes,
                                                      " bytes, over the limit of ", max_reply_bytes_,

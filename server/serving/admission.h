@@ -14,8 +14,8 @@ namespace attnserve::server {
 // deadline for the work already queued (the scheduler's measured cost)? — all before the call's
 // tensors are decoded, so refusals cost next to nothing — then decode (the frontend's codec),
 // validate once against the layer (shapes, lengths, kind, finiteness), check the reply fits the
-// message limit, and queue unless the call's own run would end past its deadline. Every job handed in is answered exactly once: here when
-// refused, by the scheduler otherwise.
+// message limit, and queue unless the call's own run would end past its deadline. Every job handed
+// in is answered exactly once: here when refused, by the scheduler otherwise.
 class Admission {
  public:
   // `registry` and `reporter` outlive this; replies over `max_reply_bytes` are refused.
@@ -31,7 +31,8 @@ class Admission {
   ModelRegistry& registry() const { return *registry_; }
 
  private:
-  // Decode, validate, size check and submit for a call holding a queue place in `model`.
+  // Decode, validate (against the job's version), size check and submit for a call holding a
+  // queue place in `model`.
   absl::Status Queue(Job* job, ServedModel& model);
 
   ModelRegistry* const registry_;
