@@ -532,13 +532,23 @@ std::string ModelRegistry::ReadyNamesLocked() const {
   return names.empty() ? "none" : absl::StrJoin(names, ", ");
 }
 
-std::vector<VersionStatus> ModelRegistry::Statuses() const {
+std::vector<VersionStatus> ModelRegistry::Statuses(bool whole_repository) const {
+  // The directory is listed before the lock is taken: no file system call under it.
+  std::vector<std::string> in_repository;
+  if (whole_repository && !options_.repository.empty()) {
+    in_repository = ListRepositoryModels(options_.repository).value_or(std::vector<std::string>{});
+  }
   std::lock_guard lock(mu_);
   std::vector<const ServedModel*> sorted;
   for (const auto& model : models_) sorted.push_back(model.get());
   std::sort(sorted.begin(), sorted.end(),
             [](const ServedModel* a, const ServedModel* b) { return a->name < b->name; });
   std::vector<VersionStatus> statuses;
+  for (const std::string& name : in_repository) {
+    if (FindLocked(name) == nullptr) {
+      statuses.push_back({name, 0, VersionState::kUnavailable, "not loaded", {}});
+    }
+  }
   for (const ServedModel* model : sorted) {
     if (model->records.empty()) {
       statuses.push_back({model->name,

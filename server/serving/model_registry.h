@@ -98,8 +98,9 @@ class ModelRegistry {
   // version that is not ready, is NotFound naming what is ready.
   absl::StatusOr<Found> Find(absl::string_view name, uint64_t version = 0) const;
 
-  // Every model and version with its state, models in name order.
-  std::vector<VersionStatus> Statuses() const;
+  // Every model and version with its state, models in name order; with `whole_repository`,
+  // also the repository's models never loaded (UNAVAILABLE, "not loaded"), as Triton's index.
+  std::vector<VersionStatus> Statuses(bool whole_repository = false) const;
 
   // The READY versions of every model.
   std::vector<VersionHandle> ReadyVersions() const;

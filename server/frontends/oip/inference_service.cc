@@ -163,7 +163,7 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(grpc::CallbackServer
       [this](const inference::RepositoryIndexRequest& asked,
              inference::RepositoryIndexResponse* index) {
         if (absl::Status s = CheckRepositoryName(asked.repository_name()); !s.ok()) return s;
-        for (const VersionStatus& v : admission_->registry().Statuses()) {
+        for (const VersionStatus& v : admission_->registry().Statuses(/*whole_repository=*/true)) {
           if (asked.ready() && v.state != VersionState::kReady) continue;
           auto* entry = index->add_models();
           entry->set_name(v.model);
