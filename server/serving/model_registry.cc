@@ -1,10 +1,14 @@
 #include "server/serving/model_registry.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/runtime_info.h"
 #include "core/weights.h"
 #include "server/observability/logging.h"
 
@@ -414,7 +418,25 @@ void ModelRegistry::Poll() {
   for (const std::string& name : all) Reconcile(name, std::nullopt, /*polling=*/true).IgnoreError();
 }
 
+namespace {
+
+// Loads run beside serving on the same cores: the registry thread runs at the idle priority
+// (SCHED_IDLE: it gets a core only when the compute threads leave one) and converts on one
+// thread, so a load takes the cores calls do not use instead of stalling the compute team (two
+// OpenMP teams on the same cores make every run wait for a descheduled thread).
+void YieldToCompute() {
+  sched_param param{};
+  param.sched_priority = 0;
+  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) != 0) {
+    Log(LogLevel::kWarn, "model loads run at normal priority (SCHED_IDLE refused)");
+  }
+  core::SetComputeThreads(1);
+}
+
+}  // namespace
+
 void ModelRegistry::Loop() {
+  YieldToCompute();
   const bool polling = options_.control_mode == ControlMode::kPoll && !options_.repository.empty();
   Clock::time_point next_poll = Clock::now() + options_.poll_interval;
   while (true) {
