@@ -213,10 +213,11 @@ absl::StatusOr<ModelDir> ScanModelDir(const std::string& dir, const std::string&
     if (entry_name == kConfigFile && entry.is_regular_file(ignored)) {
       model.config_path = entry.path().string();
       model.config_stamp = FileStamp(model.config_path);
-    } else if (entry.is_directory(ignored) && ParseVersion(entry_name, &version) &&
-               fs::is_regular_file(entry.path() / kWeightsFile, ignored)) {
+    } else if (entry.is_directory(ignored) && ParseVersion(entry_name, &version)) {
+      // A version directory whose file has not arrived yet is not a version yet.
       const std::string path = (entry.path() / kWeightsFile).string();
-      model.versions.push_back({version, path, FileStamp(path)});
+      if (fs::is_regular_file(path, ignored))
+        model.versions.push_back({version, path, FileStamp(path)});
     } else if (entry_name[0] != '.') {
       model.ignored.push_back(entry.path().string());
     }
