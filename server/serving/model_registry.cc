@@ -40,6 +40,28 @@ absl::StatusOr<RepositoryModelConfig> ReadConfig(const ModelDir& dir,
   return ParseRepositoryModelConfig(*text, dir.config_path);
 }
 
+// Runs `work` on a thread of its own at the idle priority and waits for it. Loads run beside
+// serving on the same cores: at SCHED_IDLE the loading thread gets a core only when compute
+// leaves one, and it converts on one OpenMP thread, so a load takes the cores calls do not use
+// instead of stalling the compute team (two OpenMP teams on the same cores make every run wait
+// for a descheduled thread). Only the reading and converting runs there: the registry thread,
+// which takes the registry's lock, keeps the normal priority, so a call's admission never waits
+// for a starved lock holder.
+template <typename Work>
+auto AtIdlePriority(Work work) -> decltype(work()) {
+  std::optional<decltype(work())> result;
+  std::thread([&] {
+    sched_param param{};
+    param.sched_priority = 0;
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) != 0) {
+      Log(LogLevel::kWarn, "a model load runs at normal priority (SCHED_IDLE refused)");
+    }
+    core::SetComputeThreads(1);
+    result.emplace(work());
+  }).join();
+  return *std::move(result);
+}
+
 std::string Versions(const std::vector<VersionHandle>& versions) {
   return absl::StrJoin(versions, ", ", [](std::string* out, const VersionHandle& v) {
     absl::StrAppend(out, v->version);
@@ -223,7 +245,8 @@ absl::Status ModelRegistry::Reconcile(const std::string& name,
   // Files are read here, on the registry thread, with no lock held: calls go on meanwhile.
   for (LoadPlan::Item& item : plan.loads) {
     const ModelConfig load{name, item.file.path, config->load, config->precision};
-    item.result = MakeVersion(name, item.file.version, item.file.path, load);
+    item.result =
+        AtIdlePriority([&] { return MakeVersion(name, item.file.version, item.file.path, load); });
     if (item.result.ok() && FileStamp(item.file.path) != item.file.stamp) {
       item.result = absl::UnavailableError(
           absl::StrCat(item.file.path,
@@ -418,25 +441,7 @@ void ModelRegistry::Poll() {
   for (const std::string& name : all) Reconcile(name, std::nullopt, /*polling=*/true).IgnoreError();
 }
 
-namespace {
-
-// Loads run beside serving on the same cores: the registry thread runs at the idle priority
-// (SCHED_IDLE: it gets a core only when the compute threads leave one) and converts on one
-// thread, so a load takes the cores calls do not use instead of stalling the compute team (two
-// OpenMP teams on the same cores make every run wait for a descheduled thread).
-void YieldToCompute() {
-  sched_param param{};
-  param.sched_priority = 0;
-  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) != 0) {
-    Log(LogLevel::kWarn, "model loads run at normal priority (SCHED_IDLE refused)");
-  }
-  core::SetComputeThreads(1);
-}
-
-}  // namespace
-
 void ModelRegistry::Loop() {
-  YieldToCompute();
   const bool polling = options_.control_mode == ControlMode::kPoll && !options_.repository.empty();
   Clock::time_point next_poll = Clock::now() + options_.poll_interval;
   while (true) {
@@ -454,8 +459,14 @@ void ModelRegistry::Loop() {
       tasks.swap(work_->tasks);
       released.swap(work_->released);
     }
-    for (ModelVersion* version : released) delete version;
-    if (!released.empty()) SweepReleased();
+    if (!released.empty()) {
+      // A large layer's pages go back to the system at the idle priority too.
+      AtIdlePriority([&] {
+        for (ModelVersion* version : released) delete version;
+        return true;
+      });
+      SweepReleased();
+    }
     for (auto& task : tasks) task(true);
     if (polling && Clock::now() >= next_poll) {
       Poll();
