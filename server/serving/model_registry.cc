@@ -396,6 +396,10 @@ void ModelRegistry::RequestLoad(std::string name, std::optional<std::string> con
         ")")));
     return;
   }
+  if (absl::Status status = CheckModelName(name); !status.ok()) {
+    done(status);
+    return;
+  }
   Post(
       [this, name = std::move(name), config = std::move(config), done = std::move(done)](bool run) {
         done(run ? Reconcile(name, config, /*polling=*/false)
@@ -406,6 +410,10 @@ void ModelRegistry::RequestLoad(std::string name, std::optional<std::string> con
 void ModelRegistry::RequestUnload(std::string name, std::function<void(absl::Status)> done) {
   if (options_.control_mode != ControlMode::kExplicit || options_.repository.empty()) {
     RequestLoad(std::move(name), std::nullopt, std::move(done));  // the same refusal
+    return;
+  }
+  if (absl::Status status = CheckModelName(name); !status.ok()) {
+    done(status);
     return;
   }
   Post([this, name = std::move(name), done = std::move(done)](bool run) {

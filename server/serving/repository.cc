@@ -127,7 +127,41 @@ bool ParseVersion(const std::string& name, int64_t* version) {
   return absl::SimpleAtoi(name, version) && *version > 0;
 }
 
+// Nesting deeper than any config needs ({"version_policy": {"specific": {"versions": [..]}}}) is
+// refused before parsing: the JSON parser recurses once per level, and a string of a million
+// '[' must be an error, not a stack overflow.
+bool NestedTooDeep(absl::string_view json) {
+  constexpr int kMaxDepth = 8;
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxDepth) return true;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 }  // namespace
+
+absl::Status CheckModelName(absl::string_view name) {
+  if (name.empty() || name.size() > 255 || name.front() == '.' ||
+      name.find_first_of(absl::string_view("/\0", 2)) != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model name '", name.substr(0, 100),
+                     "' cannot name a repository model: it must be a directory name in it (not "
+                     "empty, no '/', not starting with '.')"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ControlMode> ParseControlMode(absl::string_view name) {
   if (name == "none") return ControlMode::kNone;
@@ -156,6 +190,9 @@ std::string RepositoryModelConfig::LoadKey() const {
 
 absl::StatusOr<RepositoryModelConfig> ParseRepositoryModelConfig(absl::string_view json,
                                                                  absl::string_view file) {
+  if (NestedTooDeep(json)) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": nested deeper than a config can be"));
+  }
   Json root = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": not a JSON object"));

@@ -51,6 +51,10 @@ struct RepositoryModelConfig {
 absl::StatusOr<RepositoryModelConfig> ParseRepositoryModelConfig(absl::string_view json,
                                                                  absl::string_view file);
 
+// InvalidArgument unless `name` can name a model directory of the repository: not empty, at
+// most 255 bytes, no '/' or NUL, not starting with '.' (so never "..": a name stays inside DIR).
+absl::Status CheckModelName(absl::string_view name);
+
 // A file's identity (modification time, size, inode), "" when it cannot be stat'ed: a changed
 // stamp means a changed (or replaced) file.
 std::string FileStamp(const std::string& path);

@@ -386,6 +386,13 @@ TEST(RepositoryTest, ExplicitModeLoadsOnlyWhatIsAskedAndRollsBack) {
   EXPECT_TRUE(absl::StrContains(gone.error_message(), "unloaded")) << gone.error_message();
   EXPECT_EQ(client.Index("m", "2").state(), "UNAVAILABLE");
   EXPECT_EQ(client.Load("nope").error_code(), grpc::StatusCode::NOT_FOUND);
+  // A name is a directory of the repository, never a path out of it.
+  for (const char* bad : {"", "..", "../m", "m/1", ".hidden"}) {
+    EXPECT_EQ(client.Load(bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_EQ(client.Unload(bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+  }
+  EXPECT_EQ(client.Load("m", std::string(1 << 20, '[')).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(client.Unload("nope").error_code(), grpc::StatusCode::NOT_FOUND);
   const grpc::Status bad_config = client.Load("m", R"({"num_heads": 4, "colour": 1})");
   EXPECT_EQ(bad_config.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
