@@ -9,6 +9,10 @@
 
 #include "server/serving/repository.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -24,6 +28,8 @@
 #include "absl/strings/match.h"
 #include "core/layer.h"
 #include "core/weights.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/transport/admin_auth.h"
@@ -554,6 +560,47 @@ TEST(RepositoryTest, TheAdminTokenGuardsLoadAndUnload) {
   EXPECT_TRUE(both.Load("m", "", "admin-secret").ok());
   EXPECT_EQ(both.Load("m", "", "caller-secret").error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(both.Load("m", "", "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// An IPv4 address of this machine other than loopback, or "" when it has none.
+std::string NonLoopbackAddress() {
+  ifaddrs* addresses = nullptr;
+  if (getifaddrs(&addresses) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = addresses; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    if (std::string(text).rfind("127.", 0) != 0) found = text;
+  }
+  freeifaddrs(addresses);
+  return found;
+}
+
+// Without --admin-token-file, load and unload are served to loopback callers only.
+TEST(RepositoryTest, WithoutAdminTokensOnlyLoopbackCallersMayLoad) {
+  const std::string address = NonLoopbackAddress();
+  if (address.empty()) GTEST_SKIP() << "this machine has no address but loopback";
+  Repo repo;
+  repo.AddVersion("m", 1, kWeightsA);
+  ServerOptions options = RepoOptions(repo, ControlMode::kExplicit);
+  options.listen = "0.0.0.0:0";
+  options.metrics_listen = "off";
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  Client local((*server)->port());
+  EXPECT_TRUE(local.Load("m").ok());
+  inference::GRPCInferenceService::Stub remote(grpc::CreateChannel(
+      address + ":" + std::to_string((*server)->port()), grpc::InsecureChannelCredentials()));
+  inference::RepositoryModelUnloadRequest request;
+  request.set_model_name("m");
+  inference::RepositoryModelUnloadResponse response;
+  grpc::ClientContext context;
+  const grpc::Status denied = remote.RepositoryModelUnload(&context, request, &response);
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(absl::StrContains(denied.error_message(), "loopback")) << denied.error_message();
+  EXPECT_EQ(local.Versions("m"), (States{{1, kReady}}));
 }
 
 // Queued calls of a model being unloaded finish on their version; later ones are NOT_FOUND.
