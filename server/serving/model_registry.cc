@@ -1,7 +1,8 @@
 #include "server/serving/model_registry.h"
 
-#include <pthread.h>
-#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
@@ -40,21 +41,21 @@ absl::StatusOr<RepositoryModelConfig> ReadConfig(const ModelDir& dir,
   return ParseRepositoryModelConfig(*text, dir.config_path);
 }
 
-// Runs `work` on a thread of its own at the idle priority and waits for it. Loads run beside
-// serving on the same cores: at SCHED_IDLE the loading thread gets a core only when compute
-// leaves one, and it converts on one OpenMP thread, so a load takes the cores calls do not use
-// instead of stalling the compute team (two OpenMP teams on the same cores make every run wait
-// for a descheduled thread). Only the reading and converting runs there: the registry thread,
-// which takes the registry's lock, keeps the normal priority, so a call's admission never waits
-// for a starved lock holder.
+// Runs `work` on a thread of its own at a low priority and waits for it. Loads run beside
+// serving on the same cores, so the loading thread reads and converts on one OpenMP thread (two
+// OpenMP teams on the same cores make every compute run wait for a descheduled thread) at nice
+// kLoadNice: under full load a load gets about a tenth of a core and calls the rest, and it
+// still ends (SCHED_IDLE starved a 200 MB load for more than 15 s under a steady load). Only
+// reading, converting and freeing run there: the registry thread, which takes the registry's
+// lock, keeps the normal priority, so an admission never waits for a slowed lock holder.
+constexpr int kLoadNice = 10;
+
 template <typename Work>
-auto AtIdlePriority(Work work) -> decltype(work()) {
+auto AtLowPriority(Work work) -> decltype(work()) {
   std::optional<decltype(work())> result;
   std::thread([&] {
-    sched_param param{};
-    param.sched_priority = 0;
-    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) != 0) {
-      Log(LogLevel::kWarn, "a model load runs at normal priority (SCHED_IDLE refused)");
+    if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kLoadNice) != 0) {
+      Log(LogLevel::kWarn, "a model load runs at the normal priority (setpriority refused)");
     }
     core::SetComputeThreads(1);
     result.emplace(work());
@@ -246,7 +247,7 @@ absl::Status ModelRegistry::Reconcile(const std::string& name,
   for (LoadPlan::Item& item : plan.loads) {
     const ModelConfig load{name, item.file.path, config->load, config->precision};
     item.result =
-        AtIdlePriority([&] { return MakeVersion(name, item.file.version, item.file.path, load); });
+        AtLowPriority([&] { return MakeVersion(name, item.file.version, item.file.path, load); });
     if (item.result.ok() && FileStamp(item.file.path) != item.file.stamp) {
       item.result = absl::UnavailableError(
           absl::StrCat(item.file.path,
@@ -468,8 +469,8 @@ void ModelRegistry::Loop() {
       released.swap(work_->released);
     }
     if (!released.empty()) {
-      // A large layer's pages go back to the system at the idle priority too.
-      AtIdlePriority([&] {
+      // A large layer's pages go back to the system at the low priority too.
+      AtLowPriority([&] {
         for (ModelVersion* version : released) delete version;
         return true;
       });
