@@ -35,6 +35,7 @@ absl::Status ResolveSecurityFlags(ConnectionFlags* flags);
 // Flags that describe one Forward call (`infer` sends it once, `bench` many times).
 struct CallFlags {
   std::string model;
+  uint64_t model_version = 0;  // 0: the newest ready version
   std::string kind = "bidirectional";
   std::string input;           // .npy file, [B, S, d] padded or [T, d] packed
   std::string random;          // "B,S": random [B, S, d_model] input instead of a file

@@ -86,7 +86,7 @@ absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, b
   // Random arrays take their widths from the model the call goes to.
   v1::ModelInfo model;
   if (!flags.random.empty() || !flags.context_random.empty()) {
-    absl::StatusOr<v1::ModelInfo> found = client.FindModel(flags.model);
+    absl::StatusOr<v1::ModelInfo> found = client.FindModel(flags.model, flags.model_version);
     if (!found.ok()) return found.status();
     model = *std::move(found);
   }
@@ -152,6 +152,7 @@ absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const Ca
   absl::StatusOr<Encoding> encoding = ParseEncoding(flags.encoding);
   if (!encoding.ok()) return encoding.status();
   call.model = flags.model;
+  call.version = flags.model_version;
   call.kind = *kind;
   call.encoding = *encoding;
   const bool cross = *kind == v1::ATTENTION_KIND_CROSS || *kind == v1::ATTENTION_KIND_CAUSAL_CROSS;

@@ -31,6 +31,11 @@ std::vector<std::pair<std::string, nlohmann::json>> Fields(const v1::ModelInfo& 
       value = reflection->GetInt32(model, field);
     } else if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL) {
       value = reflection->GetBool(model, field);
+    } else if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
+      value = reflection->GetUInt64(model, field);
+    } else if (field->number() == v1::ModelInfo::kStateFieldNumber) {
+      // READY, UNLOADING: the enum's name without its MODEL_STATE_ prefix.
+      value = v1::ModelState_Name(model.state()).substr(std::string("MODEL_STATE_").size());
     } else {
       value = reflection->GetString(model, field);
     }
@@ -64,7 +69,7 @@ void PrintTable(const std::vector<v1::ModelInfo>& models) {
   for (const v1::ModelInfo& m : models) {
     std::vector<std::string>& row = rows.emplace_back();
     for (const auto& [name, value] : Fields(m)) {
-      row.push_back(value.is_string() ? value.get<std::string>()
+      row.push_back(value.is_string()    ? value.get<std::string>()
                     : value.is_boolean() ? (value.get<bool>() ? "yes" : "no")
                                          : value.dump());
     }

@@ -1,6 +1,8 @@
 #include "client/client.h"
 
 #include <chrono>
+#include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -63,6 +65,7 @@ const char kRetryServiceConfig[] = R"json({
 absl::StatusOr<v1::ForwardRequest> BuildRequest(const ForwardRequestSpec& call) {
   v1::ForwardRequest request;
   request.set_model(call.model);
+  request.set_version(call.version);
   request.set_kind(call.kind);
   if (absl::Status s = EncodeTensor(call.input, call.encoding, request.mutable_input()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("input: ", s.message()));
@@ -181,18 +184,30 @@ absl::StatusOr<std::vector<v1::ModelInfo>> AttentionClient::ListModels() const {
   return std::vector<v1::ModelInfo>(response.models().begin(), response.models().end());
 }
 
-absl::StatusOr<v1::ModelInfo> AttentionClient::FindModel(const std::string& name) const {
+absl::StatusOr<v1::ModelInfo> AttentionClient::FindModel(const std::string& name,
+                                                         uint64_t version) const {
   absl::StatusOr<std::vector<v1::ModelInfo>> models = ListModels();
   if (!models.ok()) return models.status();
-  std::vector<std::string> names;
-  for (const v1::ModelInfo& model : *models) {
-    if (model.name() == name || (name.empty() && models->size() == 1)) return model;
-    names.push_back(model.name());
-  }
+  // ListModels lists each version; an empty name means the only model (of any version).
+  std::set<std::string> names;
+  for (const v1::ModelInfo& model : *models) names.insert(model.name());
   const std::string loaded = names.empty() ? "none" : absl::StrJoin(names, ", ");
-  if (name.empty()) {
+  if (name.empty() && names.size() != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("name a model (--model): the server has several or none: ", loaded));
+  }
+  const std::string wanted = name.empty() ? *names.begin() : name;
+  std::optional<v1::ModelInfo> found;
+  for (const v1::ModelInfo& model : *models) {
+    if (model.name() != wanted || model.state() == v1::MODEL_STATE_UNLOADING) continue;
+    if (version != 0 ? model.version() == version
+                     : (!found.has_value() || model.version() > found->version())) {
+      found = model;
+    }
+  }
+  if (found.has_value()) return *found;
+  if (names.count(wanted) > 0) {
+    return absl::NotFoundError(absl::StrCat("model '", wanted, "' has no ready version ", version));
   }
   return absl::NotFoundError(absl::StrCat("no model '", name, "'; loaded: ", loaded));
 }

@@ -46,7 +46,8 @@ extern const char kRetryServiceConfig[];
 // What one Forward call sends, in client terms (arrays instead of wire tensors): BuildRequest
 // makes the v1::ForwardRequest of it.
 struct ForwardRequestSpec {
-  std::string model;  // empty: the server's only model
+  std::string model;     // empty: the server's only model
+  uint64_t version = 0;  // 0: the newest ready version
   v1::AttentionKind kind = v1::ATTENTION_KIND_BIDIRECTIONAL;
   FloatArray input;  // [B, S, d_model] padded or [T, d_model] packed
   std::vector<int32_t> lengths;
@@ -101,8 +102,9 @@ class AttentionClient {
   // The models the server has loaded.
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() const;
 
-  // The model a call naming `name` would reach (empty: the only loaded model).
-  absl::StatusOr<v1::ModelInfo> FindModel(const std::string& name) const;
+  // The model a call naming `name` at `version` would reach (empty: the only loaded model;
+  // version 0: its newest ready version).
+  absl::StatusOr<v1::ModelInfo> FindModel(const std::string& name, uint64_t version = 0) const;
 
   // grpc.health.v1 Check for `service` (empty: the whole server).
   absl::StatusOr<ServingStatus> Health(const std::string& service = "") const;

@@ -233,6 +233,7 @@ absl::StatusOr<WorkItem> MakeItem(const MixedShape& shape, const v1::ModelInfo& 
                                   const LoadFlags& flags, uint64_t seed) {
   ForwardRequestSpec call;
   call.model = shape.model;
+  call.version = flags.call.model_version;  // --model-version: every call of the run
   call.kind = shape.kind;
   absl::StatusOr<Encoding> encoding = ParseEncoding(flags.call.encoding);
   if (!encoding.ok()) return encoding.status();
@@ -303,7 +304,7 @@ absl::StatusOr<std::vector<WorkItem>> BuildWorkload(const AttentionClient& clien
   for (size_t i = 0; i < shapes->size(); ++i) {
     const MixedShape& shape = (*shapes)[i];
     if (!models.contains(shape.model)) {
-      absl::StatusOr<v1::ModelInfo> model = client.FindModel(shape.model);
+      absl::StatusOr<v1::ModelInfo> model = client.FindModel(shape.model, flags.call.model_version);
       if (!model.ok()) return model.status();
       models[shape.model] = *std::move(model);
     }

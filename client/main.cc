@@ -21,6 +21,10 @@ using attnserve::client::RunModels;
 // The flags that describe one Forward call, shared by `infer` and `bench`.
 void AddCallFlags(CLI::App* command, CallFlags& f) {
   command->add_option("--model", f.model, "Model name (default: the server's only model)");
+  command
+      ->add_option("--model-version", f.model_version,
+                   "Model version (default 0: the newest ready one)")
+      ->capture_default_str();
   command->add_option("--kind", f.kind, "Attention kind")
       ->check(CLI::IsMember(attnserve::client::KindNameList()))
       ->capture_default_str();

@@ -29,7 +29,8 @@ constexpr char kModelHelp[] =
     "  prefix     strips this from tensor names, to serve one layer of a bigger model,\n"
     "             e.g. prefix=encoder.layers.0.self_attn.\n"
     "  precision  what the matmuls run in (default f32)\n"
-    "Without --model the built-in demo layer is served as 'demo'.";
+    "Without --model (or --model-repository) the built-in demo layer is served as 'demo'.\n"
+    "A --model model is version 1 and always loaded.";
 
 // Exit status when the listener stopped accepting connections (the supervisor restarts us).
 constexpr int kExitListenerLost = 3;
@@ -42,6 +43,8 @@ struct Flags {
   int shutdown_grace_s = 30;
   double max_connection_idle_s = 300;
   double handshake_timeout_s = 10;
+  std::string model_control_mode = "none";
+  double repository_poll_secs = 15;
 };
 
 void AddFlags(CLI::App& app, Flags& flags) {
@@ -64,6 +67,23 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "HTTP 401); re-read when the file changes. Separate from --auth-token-file, "
                  "so a scraper's token cannot call the model");
   app.add_option("--model", flags.models, kModelHelp);
+  app.add_option("--model-repository", o.model_repository,
+                 "A model repository in Triton's layout: DIR/NAME/VERSION/model.safetensors and "
+                 "an optional DIR/NAME/config.json (docs/model-repository.md)");
+  app.add_option("--model-control-mode", flags.model_control_mode,
+                 "none: load the repository at start; poll: also follow its changes every "
+                 "--repository-poll-secs; explicit: load only what --load-model or "
+                 "RepositoryModelLoad names")
+      ->capture_default_str();
+  app.add_option("--repository-poll-secs", flags.repository_poll_secs,
+                 "Poll mode: seconds between scans of the repository")
+      ->check(CLI::Range(0.01, 86400.0))
+      ->capture_default_str();
+  app.add_option("--load-model", o.load_models,
+                 "Explicit mode: a repository model to load at start, repeatable; '*' for all");
+  app.add_option("--admin-token-file", o.admin_token_file,
+                 "Tokens, one a line, of the callers allowed the repository API (load, unload) "
+                 "with 'authorization: Bearer TOKEN'; without it only loopback callers are");
   app.add_option("--threads", o.compute_threads,
                  "Compute (OpenMP) threads per forward call; 0 = every core")
       ->capture_default_str();
@@ -221,6 +241,12 @@ absl::Status ApplyFlags(Flags& flags) {
   attnserve::server::InitLogging(*level, *format);
   flags.options.max_connection_idle_ms = static_cast<int>(flags.max_connection_idle_s * 1000);
   flags.options.handshake_timeout_ms = static_cast<int>(flags.handshake_timeout_s * 1000);
+  absl::StatusOr<attnserve::server::ControlMode> mode =
+      attnserve::server::ParseControlMode(flags.model_control_mode);
+  if (!mode.ok()) return mode.status();
+  flags.options.model_control_mode = *mode;
+  flags.options.repository_poll_interval =
+      std::chrono::milliseconds(static_cast<int64_t>(flags.repository_poll_secs * 1000));
   flags.options.on_listener_lost = [] {
     listener_lost.store(true);
     kill(getpid(), SIGUSR1);

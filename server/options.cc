@@ -54,6 +54,21 @@ bool IsHostPort(absl::string_view address) {
          absl::SimpleAtoi(address.substr(colon + 1), &port) && port >= 0 && port <= 65535;
 }
 
+absl::Status CheckRepositoryOptions(const ServerOptions& options) {
+  if (options.model_repository.empty() && options.model_control_mode != ControlMode::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat("--model-control-mode ",
+                                                   ControlModeName(options.model_control_mode),
+                                                   " needs --model-repository"));
+  }
+  if (!options.load_models.empty() && options.model_control_mode != ControlMode::kExplicit) {
+    return absl::InvalidArgumentError("--load-model needs --model-control-mode explicit");
+  }
+  if (options.repository_poll_interval < std::chrono::milliseconds(10)) {
+    return absl::InvalidArgumentError("--repository-poll-secs must be at least 0.01");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseModelFlag(absl::string_view flag) {
@@ -158,6 +173,7 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-connection-age and --max-connection-age-grace must be in 0..", kMaxAgeSeconds));
   }
+  if (absl::Status status = CheckRepositoryOptions(options); !status.ok()) return status;
   std::set<std::string> names;
   for (const ModelConfig& model : options.models) {
     if (model.name.empty()) return absl::InvalidArgumentError("a model needs a name");

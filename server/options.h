@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -8,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/serving/model_config.h"
+#include "server/serving/repository.h"
 #include "server/serving/scheduler.h"
 #include "server/serving/session.h"
 #include "server/transport/credentials.h"
@@ -26,13 +28,19 @@ inline bool MetricsOff(absl::string_view metrics_listen) {
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // HOST:PORT; port 0 picks a free port
   std::string port_file;                 // when set, the bound HOST:PORT is written here
-  std::vector<ModelConfig> models;       // empty: the demo layer, named "demo"
-  int compute_threads = 0;               // OpenMP threads per Forward; 0: every core
-  int grpc_threads = 0;                  // cap on gRPC's threads; 0: gRPC's default
-  int max_message_mib = 64;              // largest request or response
+  std::vector<ModelConfig> models;       // empty (and no repository): the demo layer, "demo"
+  std::string model_repository;          // DIR/NAME/VERSION/model.safetensors; "" for none
+  ControlMode model_control_mode = ControlMode::kNone;
+  std::chrono::milliseconds repository_poll_interval = std::chrono::seconds(15);  // poll mode
+  std::vector<std::string> load_models;  // explicit mode, at start: names or "*"
+  // Tokens of the callers that may use the repository API; "": loopback callers only.
+  std::string admin_token_file;
+  int compute_threads = 0;   // OpenMP threads per Forward; 0: every core
+  int grpc_threads = 0;      // cap on gRPC's threads; 0: gRPC's default
+  int max_message_mib = 64;  // largest request or response
   // calls waiting per model before RESOURCE_EXHAUSTED
   int max_queue = SchedulerOptions{}.max_queue;
-  int max_streams = 128;                 // calls in flight per connection (HTTP/2 streams)
+  int max_streams = 128;  // calls in flight per connection (HTTP/2 streams)
   // dynamic batching: token target per run; 0: none
   int64_t max_batch_tokens = SchedulerOptions{}.max_batch_tokens;
   int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
@@ -47,9 +55,9 @@ struct ServerOptions {
   int session_idle_timeout_s = 300;
   // overload: the queueing delay a model tolerates standing (CoDel's target); 0: none
   int64_t queue_delay_target_ms = SchedulerOptions{}.queue_delay_target.count();
-  TlsFiles tls;                          // main port: TLS / mTLS when set
-  std::string auth_token_file;           // main port: bearer tokens, one a line, when set
-  std::string health_listen;             // HOST:PORT of a plaintext health-only port, when set
+  TlsFiles tls;                 // main port: TLS / mTLS when set
+  std::string auth_token_file;  // main port: bearer tokens, one a line, when set
+  std::string health_listen;    // HOST:PORT of a plaintext health-only port, when set
   // A connection with no call for this long is closed (idle or abandoned half-open peers).
   int max_connection_idle_ms = 5 * 60 * 1000;
   // A connection that has not finished its TLS handshake and HTTP/2 settings by then is closed.

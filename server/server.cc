@@ -16,9 +16,9 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "server/transport/credentials.h"
 #include "server/observability/log_setup.h"
 #include "server/observability/metrics.h"
+#include "server/transport/credentials.h"
 #include "server/transport/reflection.h"
 
 namespace attnserve::server {
@@ -93,7 +93,8 @@ class HealthOnlyRefusal final : public grpc::CallbackGenericService {
 void BoundStreamsAndAge(const ServerOptions& options, grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams);
   if (options.max_connection_age_s > 0) {
-    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_s * 1000);
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                                options.max_connection_age_s * 1000);
     builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                                 options.max_connection_age_grace_s * 1000);
   }
@@ -166,12 +167,26 @@ absl::Status Server::Init(const ServerOptions& options) {
       .max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us),
       .queue_delay_target = std::chrono::milliseconds(options.queue_delay_target_ms)};
   const SessionOptions session_options = MakeSessionOptions(options);
+  const RegistryOptions registry_options{.models = options.models,
+                                         .repository = options.model_repository,
+                                         .control_mode = options.model_control_mode,
+                                         .poll_interval = options.repository_poll_interval,
+                                         .load_models = options.load_models,
+                                         .scheduler = scheduler_options,
+                                         .decode_chunk_tokens = session_options.chunk_tokens,
+                                         .compute_threads = options.compute_threads};
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
-      ModelRegistry::Load(options.models, scheduler_options, session_options.chunk_tokens,
-                          options.compute_threads, reporter_.get());
+      ModelRegistry::Load(registry_options, reporter_.get());
   if (!registry.ok()) return registry.status();
   registry_ = *std::move(registry);
   if (absl::Status status = StartMetrics(options); !status.ok()) return status;
+  if (!options.admin_token_file.empty()) {
+    absl::StatusOr<std::shared_ptr<TokenAuthenticator>> admin =
+        TokenAuthenticator::Load(options.admin_token_file, "--admin-token-file");
+    if (!admin.ok()) return admin.status();
+    admin_tokens_ = *std::move(admin);
+  }
+  admin_ = std::make_unique<AdminAuthorizer>(admin_tokens_);
 
   sessions_ = std::make_unique<SessionManager>(session_options);
   metrics_->SetKvCacheLimit(session_options.kv_cache_bytes);
@@ -180,7 +195,8 @@ absl::Status Server::Init(const ServerOptions& options) {
   service_ = std::make_unique<AttentionService>(admission_.get());
   sequences_ = std::make_unique<SequenceTable>(
       std::chrono::milliseconds(int64_t{options.session_idle_timeout_s} * 1000));
-  inference_service_ = std::make_unique<InferenceService>(admission_.get(), sequences_.get());
+  inference_service_ =
+      std::make_unique<InferenceService>(admission_.get(), admin_.get(), sequences_.get());
   if (absl::Status status = StartMainPort(options); !status.ok()) return status;
   if (absl::Status status = StartHealthPort(options); !status.ok()) return status;
   SetServing(true);
@@ -198,6 +214,7 @@ absl::Status Server::StartMainPort(const ServerOptions& options) {
         TokenAuthenticator::Load(options.auth_token_file);
     if (!auth.ok()) return auth.status();
     auth_ = *std::move(auth);
+    if (admin_tokens_ != nullptr) auth_->AlsoAccept(admin_tokens_);
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(options.tls, auth_);
@@ -249,9 +266,10 @@ absl::Status Server::StartHealthPort(const ServerOptions& options) {
 }
 
 void Server::StartWatchers(const ServerOptions& options) {
-  if (auth_ != nullptr) {
+  if (auth_ != nullptr || admin_tokens_ != nullptr) {
     token_reloader_ = std::make_unique<PeriodicThread>(kTokenPollInterval, [this] {
-      auth_->ReloadIfChanged();
+      if (auth_ != nullptr) auth_->ReloadIfChanged();
+      if (admin_tokens_ != nullptr) admin_tokens_->ReloadIfChanged();
       return true;
     });
   }
@@ -329,7 +347,6 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
 
 absl::Status Server::StartMetrics(const ServerOptions& options) {
   if (MetricsOff(options.metrics_listen)) return absl::OkStatus();
-  for (const auto& model : registry_->models()) metrics_->SetModelInfo(model->summary);
   absl::StatusOr<MetricsHttpOptions> http = MetricsHttp(options);
   if (!http.ok()) return http.status();
   absl::StatusOr<int> port = metrics_->Serve(*http);
@@ -356,7 +373,9 @@ void Server::LogSummary(const ServerOptions& options) const {
        {"auth", auth_ != nullptr ? "bearer tokens" : "none"},
        {"health_port", health_port_},
        {"metrics_port", metrics_port_},
-       {"models", static_cast<int64_t>(registry_->models().size())},
+       {"models", static_cast<int64_t>(registry_->ReadyVersions().size())},
+       {"model_repository", options.model_repository},
+       {"model_control_mode", std::string(ControlModeName(options.model_control_mode))},
        {"onednn", runtime.dnnl_version},
        {"isa", runtime.cpu_isa},
        {"compute_threads",
@@ -387,8 +406,10 @@ void Server::LogSummary(const ServerOptions& options) const {
          {"transport", metrics_tls ? "tls" : "plaintext"},
          {"auth", metrics_tokens ? "bearer tokens" : "none"}});
   }
-  for (const auto& model : registry_->models()) {
-    Log(LogLevel::kInfo, "model loaded", SummaryFields(model->summary));
+  for (const VersionHandle& version : registry_->ReadyVersions()) {
+    std::vector<LogField> fields = SummaryFields(version->summary);
+    fields.emplace_back("version", version->version);
+    Log(LogLevel::kInfo, "model loaded", fields);
   }
 }
 

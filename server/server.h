@@ -9,14 +9,15 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 #include "server/base/periodic_thread.h"
-#include "server/serving/admission.h"
-#include "server/frontends/v1/attention_service.h"
-#include "server/serving/call_reporter.h"
 #include "server/frontends/oip/inference_service.h"
-#include "server/transport/listener_watchdog.h"
+#include "server/frontends/v1/attention_service.h"
 #include "server/observability/metrics.h"
-#include "server/serving/model_registry.h"
 #include "server/options.h"
+#include "server/serving/admission.h"
+#include "server/serving/call_reporter.h"
+#include "server/serving/model_registry.h"
+#include "server/transport/admin_auth.h"
+#include "server/transport/listener_watchdog.h"
 #include "server/transport/token_auth.h"
 
 namespace attnserve::server {
@@ -96,7 +97,9 @@ class Server {
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<SequenceTable> sequences_;  // sessions keyed by the OIP's sequence_id
-  std::shared_ptr<TokenAuthenticator> auth_;  // null: no tokens asked for
+  std::shared_ptr<TokenAuthenticator> auth_;          // null: no tokens asked for
+  std::shared_ptr<TokenAuthenticator> admin_tokens_;  // null: no --admin-token-file
+  std::unique_ptr<AdminAuthorizer> admin_;
   std::unique_ptr<InferenceService> inference_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<grpc::CallbackGenericService> health_refusal_;

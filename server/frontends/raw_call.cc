@@ -24,11 +24,21 @@ Clock::time_point SteadyDeadline(const grpc::CallbackServerContext& context) {
 }
 
 bool ScanStringFields(grpc::ByteBuffer* bytes,
-                      std::initializer_list<std::pair<int, std::string*>> fields) {
+                      std::initializer_list<std::pair<int, std::string*>> fields,
+                      std::initializer_list<std::pair<int, uint64_t*>> varints) {
   for (const auto& [number, value] : fields) value->clear();
+  for (const auto& [number, value] : varints) *value = 0;
   grpc::ProtoBufferReader reader(bytes);
   google::protobuf::io::CodedInputStream input(&reader);
   while (const uint32_t tag = input.ReadTag()) {
+    uint64_t* varint = nullptr;
+    for (const auto& [number, value] : varints) {
+      if (tag == WireFormatLite::MakeTag(number, WireFormatLite::WIRETYPE_VARINT)) varint = value;
+    }
+    if (varint != nullptr) {
+      if (!input.ReadVarint64(varint)) return false;
+      continue;
+    }
     std::string* destination = nullptr;
     for (const auto& [number, value] : fields) {
       if (tag == WireFormatLite::MakeTag(number, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {

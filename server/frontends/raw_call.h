@@ -14,8 +14,8 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/server_callback.h"
-#include "server/serving/admission.h"
 #include "server/frontends/grpc_status.h"
+#include "server/serving/admission.h"
 #include "server/serving/job.h"
 
 namespace attnserve::server {
@@ -23,12 +23,13 @@ namespace attnserve::server {
 // The caller's deadline on the steady clock (max() for none).
 Clock::time_point SteadyDeadline(const grpc::CallbackServerContext& context);
 
-// Reads the top-level string fields `fields` (number, destination) of the serialized message in
-// `bytes`, skipping every other field without copying or parsing it, so a call refused for its
-// model, a full queue or shutdown costs next to nothing. False when the bytes are not a
-// protobuf message.
+// Reads the top-level string fields `fields` (number, destination) and varint fields `varints`
+// of the serialized message in `bytes`, skipping every other field without copying or parsing
+// it, so a call refused for its model, a full queue or shutdown costs next to nothing. False
+// when the bytes are not a protobuf message.
 bool ScanStringFields(grpc::ByteBuffer* bytes,
-                      std::initializer_list<std::pair<int, std::string*>> fields);
+                      std::initializer_list<std::pair<int, std::string*>> fields,
+                      std::initializer_list<std::pair<int, uint64_t*>> varints = {});
 
 // INVALID_ARGUMENT for a body that is not a `type_name` message (a full protobuf name): every
 // raw method's one answer to it.

@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <sstream>
 #include <utility>
 
@@ -237,7 +238,16 @@ struct Metrics::Families {
         model_info(prometheus::BuildGauge()
                        .Name("attnserve_model_info")
                        .Help("The models served, 1 each; their shapes are labels.")
-                       .Register(r)) {}
+                       .Register(r)),
+        model_state(prometheus::BuildGauge()
+                        .Name("attnserve_model_state")
+                        .Help("1 for the state each model version is in (READY, LOADING, "
+                              "UNLOADING, UNAVAILABLE), 0 for the others.")
+                        .Register(r)),
+        load_failures(prometheus::BuildCounter()
+                          .Name("attnserve_model_load_failures_total")
+                          .Help("Model versions (or configs) that failed to load, by model.")
+                          .Register(r)) {}
 
   Family<Counter>& requests;
   Family<Counter>& tokens;
@@ -257,6 +267,8 @@ struct Metrics::Families {
   Family<Gauge>& queue_depth;
   Gauge& inflight;
   Family<Gauge>& model_info;
+  Family<Gauge>& model_state;
+  Family<Counter>& load_failures;
 };
 
 ModelMetrics::ModelMetrics(Metrics* metrics, std::string name) : name_(std::move(name)) {
@@ -360,22 +372,45 @@ std::unique_ptr<Metrics> Metrics::Create() {
 }
 
 ModelMetrics& Metrics::AddModel(const std::string& name) {
+  std::unique_lock lock(models_mu_);
+  for (const auto& model : models_) {
+    if (model->name_ == name) return *model;
+  }
   models_.push_back(
       std::unique_ptr<ModelMetrics>(new ModelMetrics(enabled_ ? this : nullptr, name)));
   return *models_.back();
 }
 
+void Metrics::SetModelState(const std::string& model, int64_t version, absl::string_view state) {
+  if (!enabled_) return;
+  static constexpr const char* kStates[] = {"READY", "LOADING", "UNLOADING", "UNAVAILABLE"};
+  for (const char* name : kStates) {
+    families_->model_state
+        .Add({{"model", model}, {"version", absl::StrCat(version)}, {"state", name}})
+        .Set(state == name ? 1 : 0);
+  }
+}
+
+void Metrics::ModelLoadFailed(const std::string& model) {
+  if (!enabled_) return;
+  families_->load_failures.Add({{"model", model}}).Increment();
+}
+
 void Metrics::SetModelInfo(const ModelSummary& model) {
   if (!enabled_) return;
-  families_->model_info
-      .Add({{"model", model.name},
-            {"layout", model.layout},
-            {"precision", model.precision},
-            {"d_model", absl::StrCat(model.d_model)},
-            {"d_context", absl::StrCat(model.d_context)},
-            {"num_heads", absl::StrCat(model.num_heads)},
-            {"head_dim", absl::StrCat(model.head_dim)}})
-      .Set(1);
+  std::unique_lock lock(models_mu_);
+  if (auto it = model_info_.find(model.name); it != model_info_.end()) {
+    families_->model_info.Remove(it->second);
+  }
+  Gauge& info = families_->model_info.Add({{"model", model.name},
+                                           {"layout", model.layout},
+                                           {"precision", model.precision},
+                                           {"d_model", absl::StrCat(model.d_model)},
+                                           {"d_context", absl::StrCat(model.d_context)},
+                                           {"num_heads", absl::StrCat(model.num_heads)},
+                                           {"head_dim", absl::StrCat(model.head_dim)}});
+  info.Set(1);
+  model_info_[model.name] = &info;
 }
 
 absl::StatusOr<int> Metrics::Serve(const MetricsHttpOptions& http) {
@@ -405,6 +440,7 @@ std::string Metrics::Exposition() const {
 }
 
 ModelMetrics& Metrics::ForModel(absl::string_view name) {
+  std::shared_lock lock(models_mu_);
   for (const auto& model : models_) {
     if (model->name_ == name) return *model;
   }

@@ -8,8 +8,10 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -135,14 +137,23 @@ class Metrics {
   // Serves plain HTTP on `listen`, every request allowed (tests, loopback).
   absl::StatusOr<int> Serve(const std::string& listen);
 
-  // Series for a served model, made once at start-up (before calls arrive); its handle.
+  // Series for a served model, made once per name (at start-up, or when a repository model
+  // first appears), the same handle for a name added again; its handle.
   ModelMetrics& AddModel(const std::string& name);
 
   // Sets attnserve_kv_cache_limit_bytes, the budget every session's cache shares.
   void SetKvCacheLimit(int64_t bytes);
 
-  // Sets attnserve_model_info for a model (once it is loaded and its shapes are known).
+  // Sets attnserve_model_info for a model (its newest ready version's shapes), replacing the
+  // model's previous series.
   void SetModelInfo(const ModelSummary& model);
+
+  // attnserve_model_state{model,version,state}: 1 for `state` (READY, LOADING, UNLOADING,
+  // UNAVAILABLE), 0 for the others.
+  void SetModelState(const std::string& model, int64_t version, absl::string_view state);
+
+  // A version of `model` failed to load (attnserve_model_load_failures_total).
+  void ModelLoadFailed(const std::string& model);
 
   // The handle of the served model named `name`, or the one labelled "" for any other name.
   ModelMetrics& ForModel(absl::string_view name);
@@ -172,8 +183,10 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> process_;  // process_* figures
   std::unique_ptr<Families> families_;
-  std::vector<std::unique_ptr<ModelMetrics>> models_;  // served models
-  std::unique_ptr<ModelMetrics> unknown_;              // the "" one
+  mutable std::shared_mutex models_mu_;                // models are added while calls are answered
+  std::vector<std::unique_ptr<ModelMetrics>> models_;  // guarded by models_mu_: served models
+  std::map<std::string, prometheus::Gauge*> model_info_;  // guarded by models_mu_
+  std::unique_ptr<ModelMetrics> unknown_;                 // the "" one
   std::unique_ptr<MetricsHttpServer> http_;
 };
 

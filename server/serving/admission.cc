@@ -15,15 +15,16 @@ Admission::Admission(ModelRegistry* registry, CallReporter* reporter, SessionMan
       max_reply_bytes_(max_reply_bytes) {}
 
 absl::StatusOr<std::unique_ptr<Session>> Admission::OpenSession(absl::string_view model,
+                                                                uint64_t version,
                                                                 core::AttentionKind kind,
                                                                 int64_t batch,
                                                                 const core::RaggedBatch* context) {
   if (!accepting()) return absl::UnavailableError("the server is shutting down");
-  absl::StatusOr<ServedModel*> served = registry_->Find(model);
-  if (!served.ok()) return served.status();
-  return sessions_->Open((*served)->name, (*served)->layer, kind, batch, context,
-                         (*served)->decode.get(),
-                         &reporter_->metrics().ForModel((*served)->name));
+  absl::StatusOr<ModelRegistry::Found> found = registry_->Find(model, version);
+  if (!found.ok()) return found.status();
+  ServedModel& served = *found->model;
+  return sessions_->Open(std::move(found->version), kind, batch, context, served.decode.get(),
+                         &reporter_->metrics().ForModel(served.name));
 }
 
 void Admission::Admit(Job* job) {
@@ -34,15 +35,18 @@ void Admission::Admit(Job* job) {
     return;
   }
   absl::StatusOr<absl::string_view> requested = job->RequestedModel();
-  absl::StatusOr<ServedModel*> model =
-      requested.ok() ? registry_->Find(*requested) : requested.status();
-  if (!model.ok()) {
-    reporter_->Answer(*job, "", /*decoded=*/false, model.status(), {});
+  absl::StatusOr<ModelRegistry::Found> found =
+      requested.ok() ? registry_->Find(*requested, job->RequestedVersion()) : requested.status();
+  if (!found.ok()) {
+    reporter_->Answer(*job, "", /*decoded=*/false, found.status(), {});
     return;
   }
-  const std::string& name = (*model)->name;
+  ServedModel* model = found->model;
+  const std::string& name = model->name;
+  // From here the call holds its version until it is answered, whatever swaps happen.
+  job->set_version(std::move(found->version));
   absl::Status status = job->CheckAlive();
-  if (status.ok()) status = (*model)->scheduler->Reserve(job->deadline());
+  if (status.ok()) status = model->scheduler->Reserve(job->deadline());
   if (!status.ok()) {
     reporter_->Answer(*job, name, /*decoded=*/false, status, {});
     return;
@@ -52,7 +56,7 @@ void Admission::Admit(Job* job) {
   try {
     status = job->Decode();
     decoded = status.ok();
-    if (decoded) status = Queue(job, **model);
+    if (decoded) status = Queue(job, *model);
   } catch (const std::exception& e) {
     // Copying a huge misaligned tensor can run out of memory; nothing may escape to gRPC.
     status = dynamic_cast<const std::bad_alloc*>(&e) != nullptr
@@ -60,14 +64,15 @@ void Admission::Admit(Job* job) {
                  : absl::InternalError(absl::StrCat("cannot take the call: ", e.what()));
   }
   if (!status.ok()) {
-    (*model)->scheduler->Release();
+    model->scheduler->Release();
     reporter_->Answer(*job, name, decoded, status, {});
   }
 }
 
 absl::Status Admission::Queue(Job* job, ServedModel& model) {
-  if (absl::Status status = model.layer->Validate(job->args()); !status.ok()) return status;
-  const int64_t bytes = job->ReplyBytes(model.layer->Shapes(job->args()));
+  const core::Layer& layer = *job->version().layer;
+  if (absl::Status status = layer.Validate(job->args()); !status.ok()) return status;
+  const int64_t bytes = job->ReplyBytes(layer.Shapes(job->args()));
   if (bytes > max_reply_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat("the reply would take ", bytes,
                                                      " bytes, over the limit of ", max_reply_bytes_,

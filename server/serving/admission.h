@@ -15,8 +15,8 @@ namespace attnserve::server {
 // deadline for the work already queued (the scheduler's measured cost)? — all before the call's
 // tensors are decoded, so refusals cost next to nothing — then decode (the frontend's codec),
 // validate once against the layer (shapes, lengths, kind, finiteness), check the reply fits the
-// message limit, and queue unless the call's own run would end past its deadline. Every job handed in is answered exactly once: here when
-// refused, by the scheduler otherwise.
+// message limit, and queue unless the call's own run would end past its deadline. Every job handed
+// in is answered exactly once: here when refused, by the scheduler otherwise.
 class Admission {
  public:
   // `registry`, `reporter` and `sessions` outlive this; replies over `max_reply_bytes` are
@@ -28,9 +28,10 @@ class Admission {
   void Admit(Job* job);
 
   // Opens a decode session of `batch` sequences on the model named `model` ("" for the only
-  // one): Unavailable when shutting down, NotFound for the model, then SessionManager::Open's
-  // refusals. `context` (kCausalCross) is copied.
-  absl::StatusOr<std::unique_ptr<Session>> OpenSession(absl::string_view model,
+  // one) at `version` (0: its newest ready one), which the session holds for its life:
+  // Unavailable when shutting down, NotFound for the model or version, then
+  // SessionManager::Open's refusals. `context` (kCausalCross) is copied.
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(absl::string_view model, uint64_t version,
                                                        core::AttentionKind kind, int64_t batch,
                                                        const core::RaggedBatch* context);
 
@@ -41,7 +42,8 @@ class Admission {
   ModelRegistry& registry() const { return *registry_; }
 
  private:
-  // Decode, validate, size check and submit for a call holding a queue place in `model`.
+  // Decode, validate (against the job's version), size check and submit for a call holding a
+  // queue place in `model`.
   absl::Status Queue(Job* job, ServedModel& model);
 
   ModelRegistry* const registry_;

@@ -44,6 +44,7 @@ void CallReporter::Answer(Job& job, absl::string_view model, bool decoded,
       const core::ForwardArgs& args = job.args();
       Log(LogLevel::kDebug, "forward",
           {{"model", std::string(model)},
+           {"version", job.has_version() ? job.version().version : int64_t{0}},
            {"kind", std::string(core::KindName(args.kind))},
            {"batch", args.input.batch()},
            {"tokens", args.input.total_length()},
@@ -61,6 +62,9 @@ void CallReporter::Answer(Job& job, absl::string_view model, bool decoded,
                    {"error", std::string(status.message())},
                    {"ms", seconds * 1e3}});
   }
+  // The call held its version until now; the hold ends after the answer is sent (the job may
+  // be gone inside Finish), so a retired version is freed only once no answer needs it.
+  const VersionHandle held = job.TakeVersion();
   job.Finish(status);
 }
 

@@ -118,10 +118,12 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
   {
     std::lock_guard lock(mu_);
     if (pending_.empty()) return;
-    // One kind a run (one Layer::Decode); the other kind's steps go next, in arrival order.
+    // One kind and one version a run (one Layer::Decode); the others' steps go next, in
+    // arrival order.
     const core::AttentionKind kind = pending_.front().session->kind();
+    const core::Layer* layer = pending_.front().session->layer().get();
     for (Pending& step : pending_) {
-      if (step.session->kind() != kind) continue;
+      if (step.session->kind() != kind || step.session->layer().get() != layer) continue;
       step.running = true;
       steps.push_back(&step);
     }

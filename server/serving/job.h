@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "core/layer.h"
 #include "server/serving/clock.h"
+#include "server/serving/model_version.h"
 
 namespace attnserve::server {
 
@@ -46,6 +47,17 @@ class Job {
   // The model the caller named ("" for the only one), as sent: it may be anything. Read before
   // the rest of the call; an error when the call cannot be read even that far.
   virtual absl::StatusOr<absl::string_view> RequestedModel() = 0;
+
+  // The version the caller named (read with RequestedModel); 0 for the newest ready one.
+  virtual uint64_t RequestedVersion() const { return 0; }
+
+  // The model version the call was admitted with: admission sets it, and the call holds it (its
+  // weights stay loaded) until it is answered, whatever swaps happen meanwhile.
+  const ModelVersion& version() const { return *version_; }
+  void set_version(VersionHandle version) { version_ = std::move(version); }
+  bool has_version() const { return version_ != nullptr; }
+  // Hands the hold over to whoever answers the call, which lets go once the answer is sent.
+  VersionHandle TakeVersion() { return std::move(version_); }
 
   // Decodes the protocol's tensors into args(), in place where the bytes allow. Only the
   // encoding is checked here (InvalidArgument naming the tensor); shapes against the layer and
@@ -89,6 +101,7 @@ class Job {
   const Clock::time_point deadline_;
   std::atomic<bool> gone_{false};
   std::atomic<Scheduler*> queue_{nullptr};
+  VersionHandle version_;
 };
 
 }  // namespace attnserve::server

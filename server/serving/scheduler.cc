@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/serving/compute_executor.h"
 #include "server/observability/logging.h"
+#include "server/serving/compute_executor.h"
 
 namespace attnserve::server {
 namespace {
@@ -17,10 +17,12 @@ int64_t Tokens(const core::ForwardArgs& args) {
   return args.input.total_length() + (args.context ? args.context->total_length() : 0);
 }
 
-// Whether `job` may share a merged run with `head`.
-bool Mergeable(const core::ForwardArgs& head, const core::ForwardArgs& job) {
-  return !job.return_attention && job.kind == head.kind &&
-         job.context.has_value() == head.context.has_value();
+// Whether `job` may share a merged run with `head`: same version (one layer per run), same kind.
+bool Mergeable(const Job& head_job, const Job& other) {
+  const core::ForwardArgs& head = head_job.args();
+  const core::ForwardArgs& job = other.args();
+  return &head_job.version() == &other.version() && !job.return_attention &&
+         job.kind == head.kind && job.context.has_value() == head.context.has_value();
 }
 
 // Appends each sequence of `batch` to `merged` (packed, segmented): the rows stay where they are.
@@ -65,10 +67,9 @@ absl::Status Job::CheckAlive(Clock::time_point now) const {
   return absl::OkStatus();
 }
 
-Scheduler::Scheduler(std::string model_name, std::shared_ptr<const core::Layer> layer,
-                     SchedulerOptions options, ComputeExecutor* executor, CallReporter* reporter)
+Scheduler::Scheduler(std::string model_name, SchedulerOptions options, ComputeExecutor* executor,
+                     CallReporter* reporter)
     : model_name_(std::move(model_name)),
-      layer_(std::move(layer)),
       options_(options),
       executor_(executor),
       reporter_(reporter),
@@ -95,10 +96,10 @@ absl::Status Scheduler::Reserve(Clock::time_point deadline) {
     const double wait = WaitLocked(now);
     if (MissesLocked(now, deadline, 0)) {
       metrics_.Shed(ShedReason::kDeadline);
-      return absl::DeadlineExceededError(absl::StrCat(
-          "refused at once: model '", model_name_, "' has about ", Ms(wait),
-          " ms of work ahead of the call, and its deadline is ",
-          Ms(std::max(0.0, SecondsBetween(now, deadline))), " ms away"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("refused at once: model '", model_name_, "' has about ", Ms(wait),
+                       " ms of work ahead of the call, and its deadline is ",
+                       Ms(std::max(0.0, SecondsBetween(now, deadline))), " ms away"));
     }
     if (overloaded_ && wait > std::chrono::duration<double>(options_.queue_delay_target).count()) {
       metrics_.Shed(ShedReason::kQueueDelay);
@@ -115,10 +116,10 @@ absl::Status Scheduler::Reserve(Clock::time_point deadline) {
 double Scheduler::WaitLocked(Clock::time_point now) const {
   double wait = computing_ ? std::max(0.0, SecondsBetween(now, run_end_)) : 0.0;
   if (!queue_.empty()) {
-    const int64_t runs = options_.max_batch_tokens > 0
-                             ? (queued_tokens_ + options_.max_batch_tokens - 1) /
-                                   options_.max_batch_tokens
-                             : static_cast<int64_t>(queue_.size());
+    const int64_t runs =
+        options_.max_batch_tokens > 0
+            ? (queued_tokens_ + options_.max_batch_tokens - 1) / options_.max_batch_tokens
+            : static_cast<int64_t>(queue_.size());
     wait += cost_.Estimate(queued_tokens_, runs);
   }
   return wait;
@@ -138,8 +139,9 @@ void Scheduler::TrackQueueDelayLocked(Clock::time_point now, double waited_secon
   if (now >= interval_end_) {
     // The interval is over: overloaded when even its least-waiting call waited past the target
     // (a standing queue, not a burst that drains).
-    overloaded_ = interval_end_ != Clock::time_point() &&
-                  min_wait_seconds_ > std::chrono::duration<double>(options_.queue_delay_target).count();
+    overloaded_ =
+        interval_end_ != Clock::time_point() &&
+        min_wait_seconds_ > std::chrono::duration<double>(options_.queue_delay_target).count();
     interval_end_ = now + kQueueDelayInterval;
     min_wait_seconds_ = waited_seconds;
     return;
@@ -203,6 +205,11 @@ void Scheduler::Close(Clock::time_point deadline) {
     drain_deadline_ = std::min(drain_deadline_, deadline);
   }
   executor_->Notify();
+}
+
+void Scheduler::SetMaxQueue(int max_queue) {
+  std::lock_guard lock(mu_);
+  options_.max_queue = max_queue;
 }
 
 void Scheduler::Join() {
@@ -272,10 +279,9 @@ std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Dropp
     } else if (why.ok() && cost_.known() && job->deadline() != Clock::time_point::max() &&
                cost_.Estimate(it->tokens) > SecondsBetween(now, job->deadline())) {
       metrics_.Shed(ShedReason::kDeadline);
-      why = absl::DeadlineExceededError(
-          absl::StrCat("answered without compute: its run would take about ",
-                       Ms(cost_.Estimate(it->tokens)), " ms and its deadline is ",
-                       Ms(SecondsBetween(now, job->deadline())), " ms away"));
+      why = absl::DeadlineExceededError(absl::StrCat(
+          "answered without compute: its run would take about ", Ms(cost_.Estimate(it->tokens)),
+          " ms and its deadline is ", Ms(SecondsBetween(now, job->deadline())), " ms away"));
     }
     if (why.ok()) {
       ++it;
@@ -291,11 +297,10 @@ std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Dropp
   int64_t tokens = queue_.front().tokens;
   queued_tokens_ -= tokens;
   queue_.pop_front();
-  const core::ForwardArgs& head = jobs.front()->args();
-  if (options_.max_batch_tokens <= 0 || head.return_attention) return jobs;
+  if (options_.max_batch_tokens <= 0 || jobs.front()->args().return_attention) return jobs;
   for (auto it = queue_.begin(); it != queue_.end();) {
     // A call joins only if the larger run still ends before its deadline and the others'.
-    const bool fits = Mergeable(head, it->job->args()) &&
+    const bool fits = Mergeable(*jobs.front(), *it->job) &&
                       tokens + it->tokens <= options_.max_batch_tokens &&
                       !RunMissesLocked(now, jobs, it->job, tokens + it->tokens);
     if (fits) {
@@ -316,7 +321,8 @@ bool Scheduler::RunMissesLocked(Clock::time_point now, const std::vector<Job*>& 
   const Clock::time_point end = now + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(cost_.Estimate(tokens)));
   if (joining->deadline() < end) return true;
-  return std::any_of(jobs.begin(), jobs.end(), [end](const Job* job) { return job->deadline() < end; });
+  return std::any_of(jobs.begin(), jobs.end(),
+                     [end](const Job* job) { return job->deadline() < end; });
 }
 
 void Scheduler::Run(const std::vector<Job*>& jobs) {
@@ -355,12 +361,12 @@ void Scheduler::RunOne(Job* job, RunInfo run) {
   const Clock::time_point start = Clock::now();
   run.queue_seconds = std::chrono::duration<double>(start - job->arrival()).count();
   absl::Status status;
+  const core::Layer& layer = *job->version().layer;
   try {
-    const core::ForwardShapes shapes = layer_->Shapes(job->args());
+    const core::ForwardShapes shapes = layer.Shapes(job->args());
     absl::StatusOr<ForwardBuffers> buffers = job->Buffers(shapes);
-    status = buffers.ok()
-                 ? layer_->ForwardValidated(job->args(), buffers->output, buffers->attention)
-                 : buffers.status();
+    status = buffers.ok() ? layer.ForwardValidated(job->args(), buffers->output, buffers->attention)
+                          : buffers.status();
     if (status.ok()) {
       status = core::CheckOutputFinite(job->args().input, buffers->output, shapes.output_width);
     }
@@ -376,6 +382,7 @@ void Scheduler::RunMerged(const std::vector<Job*>& jobs, RunInfo run) {
   const Clock::time_point start = Clock::now();
   // One packed batch whose sequences point into each call's own request, in call order.
   const core::ForwardArgs& head = jobs.front()->args();
+  const core::Layer& layer = *jobs.front()->version().layer;  // one version per run (Mergeable)
   core::ForwardArgs merged;
   merged.kind = head.kind;
   absl::Status status;
@@ -388,9 +395,9 @@ void Scheduler::RunMerged(const std::vector<Job*>& jobs, RunInfo run) {
       AppendSequences(job->args().input, &merged.input);
       if (head.context) AppendSequences(*job->args().context, &*merged.context);
     }
-    shapes = layer_->Shapes(merged);
+    shapes = layer.Shapes(merged);
     output.resize(shapes.output_size());
-    status = layer_->ForwardValidated(merged, output);
+    status = layer.ForwardValidated(merged, output);
   } catch (const std::exception& e) {
     status = ComputeFailed(e);
   }
@@ -415,7 +422,8 @@ void Scheduler::RunMerged(const std::vector<Job*>& jobs, RunInfo run) {
 absl::Status Scheduler::CopyRowsBack(Job* job, const float* rows, int64_t width) {
   const core::RaggedBatch& input = job->args().input;
   try {
-    absl::StatusOr<ForwardBuffers> buffers = job->Buffers(layer_->Shapes(job->args()));
+    absl::StatusOr<ForwardBuffers> buffers =
+        job->Buffers(job->version().layer->Shapes(job->args()));
     if (!buffers.ok()) return buffers.status();
     if (input.packed()) {
       const int64_t count = input.total_length() * width;

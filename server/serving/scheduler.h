@@ -33,15 +33,22 @@ struct SchedulerOptions {
   std::chrono::milliseconds queue_delay_target{200};
 };
 
-// One model's queue and batching policy. It holds only live calls: a call whose caller leaves is
-// answered and removed at once. When the compute executor gives this model its turn, the queued
-// calls that ask for the same kind and no attention are merged into one packed ragged batch (one
-// set of larger matmuls instead of many small ones), read in place from each call's request.
+// One model's queue and batching policy, for every version of the model. It holds only live
+// calls: a call whose caller leaves is answered and removed at once. When the compute executor
+// gives this model its turn, the queued calls that ask for the same version, the same kind and
+// no attention are merged into one packed ragged batch (one set of larger matmuls instead of many
+// small ones), read in place from each call's request.
+//
+// Why one scheduler per model and not per (model, version): each call carries the version it
+// was admitted with (Job::version(), a VersionHandle), so a swap changes nothing here: no queue
+// is made, drained or torn down per swap, the queue bound and the learnt run cost stay the
+// model's, and the executor's fair turns stay per model. The one rule a version adds is that a
+// merged run holds calls of one version only (Mergeable).
 class Scheduler final : public RunQueue {
  public:
   // `executor` and `reporter` outlive the scheduler; the scheduler registers with the executor.
-  Scheduler(std::string model_name, std::shared_ptr<const core::Layer> layer,
-            SchedulerOptions options, ComputeExecutor* executor, CallReporter* reporter);
+  Scheduler(std::string model_name, SchedulerOptions options, ComputeExecutor* executor,
+            CallReporter* reporter);
   // Drains (answers every queued call) and leaves the executor.
   ~Scheduler();
 
@@ -68,8 +75,12 @@ class Scheduler final : public RunQueue {
   void Cancel(Job* job);
 
   // Refuses new calls from now on; calls still queued after `deadline` are answered Unavailable
-  // instead of computed. Returns at once: Join waits.
+  // instead of computed. Returns at once: Join waits. (An unloaded model is not closed: calls
+  // find no ready version at admission, and those admitted before finish on theirs.)
   void Close(Clock::time_point deadline = Clock::time_point::max());
+
+  // The model's queue bound changed (its config.json's max_queue).
+  void SetMaxQueue(int max_queue);
 
   // Waits until every queued and running call is answered (after Close).
   void Join();
@@ -128,8 +139,7 @@ class Scheduler final : public RunQueue {
   void Finished(int count);
 
   const std::string model_name_;
-  const std::shared_ptr<const core::Layer> layer_;
-  const SchedulerOptions options_;
+  SchedulerOptions options_;  // max_queue guarded by mu_
   ComputeExecutor* const executor_;
   CallReporter* const reporter_;
   ModelMetrics& metrics_;  // this model's queue depth, waits and compute runs

@@ -25,8 +25,10 @@ SessionManager::SessionManager(SessionOptions options)
     : options_(options), budget_(options.kv_cache_bytes) {}
 
 absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
-    const std::string& model, std::shared_ptr<const core::Layer> layer, core::AttentionKind kind,
-    int64_t batch, const core::RaggedBatch* context, DecodeQueue* queue, ModelMetrics* metrics) {
+    VersionHandle version, core::AttentionKind kind, int64_t batch,
+    const core::RaggedBatch* context, DecodeQueue* queue, ModelMetrics* metrics) {
+  const core::Layer* layer = version->layer.get();
+  const std::string& model = version->name;
   if (kind != core::AttentionKind::kCausal && kind != core::AttentionKind::kCausalCross) {
     return absl::InvalidArgumentError(
         absl::StrCat("a decode session is causal or causal_cross, not ", std::string(core::KindName(kind))));
@@ -58,13 +60,12 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
           open, " sessions are open, the limit (--max-sessions); end one or go elsewhere"));
     }
   } while (!open_.compare_exchange_weak(open, open + 1));
-  std::unique_ptr<Session> session(
-      new Session(this, model, std::move(layer), kind, queue, metrics));
+  std::unique_ptr<Session> session(new Session(this, std::move(version), kind, queue, metrics));
   const core::KvPrecision precision =
-      options_.precision.value_or(session->layer_->precision() == core::Precision::kBF16
+      options_.precision.value_or(layer->precision() == core::Precision::kBF16
                                       ? core::KvPrecision::kBF16
                                       : core::KvPrecision::kF32);
-  const int64_t width = session->layer_->spec().inner();
+  const int64_t width = layer->spec().inner();
   session->positions_.assign(batch, 0);
   for (int64_t b = 0; b < batch; ++b) {
     session->caches_.push_back(
@@ -88,12 +89,10 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
   return session;
 }
 
-Session::Session(SessionManager* manager, std::string model,
-                 std::shared_ptr<const core::Layer> layer, core::AttentionKind kind,
+Session::Session(SessionManager* manager, VersionHandle version, core::AttentionKind kind,
                  DecodeQueue* queue, ModelMetrics* metrics)
     : manager_(manager),
-      model_(std::move(model)),
-      layer_(std::move(layer)),
+      version_(std::move(version)),
       kind_(kind),
       queue_(queue),
       metrics_(metrics) {}

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "core/kv_cache.h"
 #include "core/layer.h"
+#include "server/serving/model_version.h"
 
 namespace attnserve::server {
 
@@ -62,8 +63,11 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  const std::string& model() const { return model_; }
-  const std::shared_ptr<const core::Layer>& layer() const { return layer_; }
+  const std::string& model() const { return version_->name; }
+  // The version it was opened on, held (weights and all) as long as the session lives: its
+  // cached keys were made by these weights.
+  const VersionHandle& version() const { return version_; }
+  const std::shared_ptr<const core::Layer>& layer() const { return version_->layer; }
   core::AttentionKind kind() const { return kind_; }
   int64_t batch() const { return static_cast<int64_t>(positions_.size()); }
   // Each sequence's cached length (query tokens so far).
@@ -83,8 +87,8 @@ class Session {
   friend class SessionManager;
   friend class DecodeQueue;
 
-  Session(SessionManager* manager, std::string model, std::shared_ptr<const core::Layer> layer,
-          core::AttentionKind kind, DecodeQueue* queue, ModelMetrics* metrics);
+  Session(SessionManager* manager, VersionHandle version, core::AttentionKind kind,
+          DecodeQueue* queue, ModelMetrics* metrics);
   // Reserves room in every sequence for `lengths`; ResourceExhausted (and nothing kept) when the
   // budget cannot take it.
   absl::Status ReserveAll(const std::vector<int64_t>& lengths);
@@ -93,8 +97,7 @@ class Session {
   // Guards the sequences' state below between the frontend's thread (Step) and the compute
   // thread (the step's run): they never use it at once, the lock orders what each sees.
   mutable std::mutex mu_;
-  const std::string model_;
-  const std::shared_ptr<const core::Layer> layer_;
+  const VersionHandle version_;
   const core::AttentionKind kind_;
   DecodeQueue* const queue_;
   ModelMetrics* const metrics_;
@@ -113,13 +116,12 @@ class SessionManager {
   const SessionOptions& options() const { return options_; }
   const core::KvCacheBudget& budget() const { return budget_; }
 
-  // A session of `batch` sequences on `layer` (served as `model`, its steps run by `queue`). For
+  // A session of `batch` sequences on `version` (its steps run by `queue`). For
   // kCausalCross, `context` (width d_context, one sequence per b) is copied and projected once,
   // by the first step's run. InvalidArgument for another kind or a layer that cannot serve it;
   // ResourceExhausted when --max-sessions are open.
-  absl::StatusOr<std::unique_ptr<Session>> Open(const std::string& model,
-                                                std::shared_ptr<const core::Layer> layer,
-                                                core::AttentionKind kind, int64_t batch,
+  absl::StatusOr<std::unique_ptr<Session>> Open(VersionHandle version, core::AttentionKind kind,
+                                                int64_t batch,
                                                 const core::RaggedBatch* context,
                                                 DecodeQueue* queue, ModelMetrics* metrics);
 

@@ -14,7 +14,8 @@ namespace attnserve::server {
 
 // Reads a token file: one token a line; blank lines, surrounding spaces and `#` comment lines
 // are ignored. Fails when the file cannot be read or holds no token.
-absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path);
+absl::StatusOr<std::vector<std::string>> ReadTokenFile(
+    const std::string& path, absl::string_view flag = "--auth-token-file");
 
 // True when `a` and `b` are equal, in a time that depends only on the length of `a` (the
 // presented token), so a caller cannot learn a token byte by byte from the answer's timing.
@@ -28,7 +29,9 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
  public:
   // Loads the tokens of `path`; fails with the file's problem (never its content).
-  static absl::StatusOr<std::shared_ptr<TokenAuthenticator>> Load(const std::string& path);
+  // `flag` names the file in messages.
+  static absl::StatusOr<std::shared_ptr<TokenAuthenticator>> Load(
+      const std::string& path, absl::string_view flag = "--auth-token-file");
 
   // Re-reads the file. A file that cannot be read or is empty (e.g. caught mid-rotation) keeps
   // the current tokens and returns the problem.
@@ -41,6 +44,13 @@ class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
   // How many tokens are accepted now.
   int token_count() const;
 
+  // Whether `presented` is one of the tokens (constant time over them).
+  bool Accepts(absl::string_view presented) const;
+
+  // Calls presenting a token of `admin` (--admin-token-file) are let through too, and their
+  // header is left on the call for the repository API to check (AdminAuthorizer).
+  void AlsoAccept(std::shared_ptr<TokenAuthenticator> admin) { admin_ = std::move(admin); }
+
   // Checks without blocking, on gRPC's own thread.
   bool IsBlocking() const override { return false; }
 
@@ -49,15 +59,18 @@ class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
                        OutputMetadata* response_metadata) override;
 
  private:
-  explicit TokenAuthenticator(std::string path) : path_(std::move(path)) {}
+  TokenAuthenticator(std::string path, absl::string_view flag)
+      : path_(std::move(path)), flag_(flag) {}
 
   // The file's identity (mtime, size, inode), to notice a change without reading it.
   std::string FileStamp() const;
 
   const std::string path_;
+  const std::string flag_;
   mutable std::mutex mu_;
-  std::vector<std::string> tokens_;  // guarded by mu_
-  std::string stamp_;                // guarded by mu_
+  std::vector<std::string> tokens_;            // guarded by mu_
+  std::string stamp_;                          // guarded by mu_
+  std::shared_ptr<TokenAuthenticator> admin_;  // set before serving
 };
 
 }  // namespace attnserve::server

@@ -34,6 +34,24 @@ TEST(ParseModelFlagTest, Refusals) {
   }
 }
 
+TEST(CheckOptionsTest, RepositoryFlagsGoTogether) {
+  ServerOptions o;
+  o.model_control_mode = ControlMode::kPoll;
+  EXPECT_EQ(CheckOptions(o).code(), absl::StatusCode::kInvalidArgument);  // no repository
+  o.model_repository = "/models";
+  EXPECT_TRUE(CheckOptions(o).ok());
+  o.load_models = {"enc"};
+  EXPECT_EQ(CheckOptions(o).code(), absl::StatusCode::kInvalidArgument);  // not explicit
+  o.model_control_mode = ControlMode::kExplicit;
+  EXPECT_TRUE(CheckOptions(o).ok());
+  o.repository_poll_interval = std::chrono::milliseconds(0);
+  EXPECT_EQ(CheckOptions(o).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseControlMode("poll").value(), ControlMode::kPoll);
+  EXPECT_EQ(ParseControlMode("explicit").value(), ControlMode::kExplicit);
+  EXPECT_EQ(ParseControlMode("none").value(), ControlMode::kNone);
+  EXPECT_EQ(ParseControlMode("POLL").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CheckOptionsTest, RefusesBadListenAndDuplicates) {
   ServerOptions o;
   EXPECT_TRUE(CheckOptions(o).ok());

@@ -7,10 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,14 +35,27 @@ std::shared_ptr<const core::Layer> DemoLayer() {
   return layer;
 }
 
+// The demo layer as a model version, as admission hands one to every call.
+VersionHandle MakeDemoVersion(int64_t number) {
+  return std::make_shared<ModelVersion>(ModelVersion{
+      .name = "m", .version = number, .source = "built-in", .layer = DemoLayer(), .summary = {}});
+}
+
+VersionHandle DemoVersion() {
+  static const VersionHandle version = MakeDemoVersion(1);
+  return version;
+}
+
 // A call that owns its input and its reply, and records its answer.
 class FakeJob final : public Job {
  public:
   // A padded [lengths.size(), padded, kWidth] call (packed when padded is kPacked) whose values
   // depend on `seed`.
   FakeJob(std::vector<int64_t> lengths, int64_t padded, int seed,
-          Clock::time_point deadline = Clock::time_point::max())
+          Clock::time_point deadline = Clock::time_point::max(),
+          VersionHandle version = DemoVersion())
       : Job(Clock::now(), deadline) {
+    set_version(std::move(version));
     args_.kind = core::AttentionKind::kCausal;
     args_.input.width = kWidth;
     args_.input.lengths = std::move(lengths);
@@ -145,7 +158,7 @@ SchedulerOptions Options(int64_t tokens, milliseconds delay, int max_queue = 128
 TEST(SchedulerTest, CallsQueuedInTheWindowAreMergedAndSplitBackPerCall) {
   ComputeExecutor executor(1);
   RecordingReporter reporter;
-  Scheduler scheduler("m", DemoLayer(), Options(4096, milliseconds(300)), &executor, &reporter);
+  Scheduler scheduler("m", Options(4096, milliseconds(300)), &executor, &reporter);
   // Padded with padding, padded full, packed: one run, each answer in its own layout.
   FakeJob a({5, 2}, 6, 1), b({4}, 4, 2), c({3, 7}, core::RaggedBatch::kPacked, 3);
   Queue(scheduler, a);
@@ -168,11 +181,30 @@ TEST(SchedulerTest, CallsQueuedInTheWindowAreMergedAndSplitBackPerCall) {
   }
 }
 
+TEST(SchedulerTest, CallsOfDifferentVersionsAreNeverMerged) {
+  ComputeExecutor executor(1);
+  RecordingReporter reporter;
+  Scheduler scheduler("m", Options(4096, milliseconds(300)), &executor, &reporter);
+  // Two versions (the same weights, so only the runs tell them apart), interleaved in a window.
+  const VersionHandle second = MakeDemoVersion(2);
+  FakeJob a({4}, 4, 1), b({4}, 4, 2, Clock::time_point::max(), second), c({4}, 4, 3),
+      d({4}, 4, 4, Clock::time_point::max(), second);
+  for (FakeJob* job : {&a, &b, &c, &d}) Queue(scheduler, *job);
+  for (FakeJob* job : {&a, &b, &c, &d}) {
+    ASSERT_TRUE(job->Wait().value_or(absl::UnknownError("")).ok());
+  }
+  const auto runs = reporter.runs();
+  ASSERT_EQ(runs.size(), 4u);
+  for (const auto& record : runs) EXPECT_EQ(record.run.batch_calls, 2);
+  // The calls let go of their versions once answered: only `second` holds version 2 now.
+  EXPECT_EQ(second.use_count(), 1);
+}
+
 TEST(SchedulerTest, TheTokenTargetBoundsARun) {
   ComputeExecutor executor(1);
   RecordingReporter reporter;
   // 16-token calls, a 32-token target: runs of two calls.
-  Scheduler scheduler("m", DemoLayer(), Options(32, milliseconds(300)), &executor, &reporter);
+  Scheduler scheduler("m", Options(32, milliseconds(300)), &executor, &reporter);
   std::vector<std::unique_ptr<FakeJob>> jobs;
   for (int i = 0; i < 4; ++i) {
     jobs.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{16}, 16, i));
@@ -188,7 +220,7 @@ TEST(SchedulerTest, TheTokenTargetBoundsARun) {
 TEST(SchedulerTest, TheDelayWindowHoldsALoneCallThenRunsIt) {
   ComputeExecutor executor(1);
   CallReporter reporter;
-  Scheduler scheduler("m", DemoLayer(), Options(4096, milliseconds(200)), &executor, &reporter);
+  Scheduler scheduler("m", Options(4096, milliseconds(200)), &executor, &reporter);
   FakeJob job({8}, 8, 1);
   Queue(scheduler, job);
   ASSERT_TRUE(job.Wait().value_or(absl::UnknownError("")).ok());
@@ -198,7 +230,7 @@ TEST(SchedulerTest, TheDelayWindowHoldsALoneCallThenRunsIt) {
 TEST(SchedulerTest, WithoutADelayWindowACallRunsAtOnce) {
   ComputeExecutor executor(1);
   RecordingReporter reporter;
-  Scheduler scheduler("m", DemoLayer(), Options(4096, milliseconds(0)), &executor, &reporter);
+  Scheduler scheduler("m", Options(4096, milliseconds(0)), &executor, &reporter);
   FakeJob job({8}, 8, 1);
   Queue(scheduler, job);
   ASSERT_TRUE(job.Wait().value_or(absl::UnknownError("")).ok());
@@ -210,8 +242,7 @@ TEST(SchedulerTest, ACallWhoseCallerLeftIsAnsweredAtOnceAndFreesItsPlace) {
   ComputeExecutor executor(1);
   CallReporter reporter;
   // A 10 s window keeps the calls queued; two places only.
-  Scheduler scheduler("m", DemoLayer(), Options(4096, seconds(10), /*max_queue=*/2), &executor,
-                      &reporter);
+  Scheduler scheduler("m", Options(4096, seconds(10), /*max_queue=*/2), &executor, &reporter);
   FakeJob a({8}, 8, 1), b({8}, 8, 2);
   Queue(scheduler, a);
   Queue(scheduler, b);
@@ -229,7 +260,7 @@ TEST(SchedulerTest, ACallWhoseCallerLeftIsAnsweredAtOnceAndFreesItsPlace) {
 TEST(SchedulerTest, ACallWhoseDeadlinePassesLeavesTheQueueThen) {
   ComputeExecutor executor(1);
   CallReporter reporter;
-  Scheduler scheduler("m", DemoLayer(), Options(4096, seconds(10)), &executor, &reporter);
+  Scheduler scheduler("m", Options(4096, seconds(10)), &executor, &reporter);
   FakeJob job({8}, 8, 1, Clock::now() + milliseconds(100));
   Queue(scheduler, job);
   const std::optional<absl::Status> status = job.Wait(seconds(5));
@@ -242,7 +273,7 @@ TEST(SchedulerTest, ACallWhoseDeadlinePassesLeavesTheQueueThen) {
 TEST(SchedulerTest, CallsStillQueuedWhenTheDrainDeadlinePassesAreUnavailable) {
   ComputeExecutor executor(1);
   CallReporter reporter;
-  Scheduler scheduler("m", DemoLayer(), Options(4096, seconds(10)), &executor, &reporter);
+  Scheduler scheduler("m", Options(4096, seconds(10)), &executor, &reporter);
   FakeJob job({8}, 8, 1);
   Queue(scheduler, job);
   scheduler.Close(Clock::now() - milliseconds(1));
@@ -254,7 +285,7 @@ TEST(SchedulerTest, CallsStillQueuedWhenTheDrainDeadlinePassesAreUnavailable) {
 TEST(SchedulerTest, ADrainWithoutDeadlineComputesEveryQueuedCall) {
   ComputeExecutor executor(1);
   CallReporter reporter;
-  Scheduler scheduler("m", DemoLayer(), Options(4096, seconds(10)), &executor, &reporter);
+  Scheduler scheduler("m", Options(4096, seconds(10)), &executor, &reporter);
   FakeJob job({8}, 8, 1);
   Queue(scheduler, job);
   scheduler.Drain();  // closing ends the window: the call runs now
@@ -266,8 +297,8 @@ TEST(SchedulerTest, ModelsTakeTurnsOnOneExecutor) {
   RecordingReporter reporter;
   // No merging, and a window long enough to queue everything before the first run.
   const SchedulerOptions options = Options(0, milliseconds(0));
-  Scheduler first("first", DemoLayer(), options, &executor, &reporter);
-  Scheduler second("second", DemoLayer(), options, &executor, &reporter);
+  Scheduler first("first", options, &executor, &reporter);
+  Scheduler second("second", options, &executor, &reporter);
   std::vector<std::unique_ptr<FakeJob>> jobs;
   // A long call occupies the executor while three calls of each model queue up.
   jobs.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, 0));
@@ -306,7 +337,7 @@ TEST(SchedulerOverloadTest, ADeadlineTheQueuedWorkCannotMeetIsRefusedAtOnceBefor
   absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
   CallReporter reporter(metrics.get());
-  Scheduler scheduler("m", DemoLayer(), Options(0, milliseconds(0)), &executor, &reporter);
+  Scheduler scheduler("m", Options(0, milliseconds(0)), &executor, &reporter);
   Warm(scheduler, {512, 512, 512, 512}, 512, 3);
   // Many runs' worth of work queued, no deadline: far more than 5 ms.
   std::vector<std::unique_ptr<FakeJob>> backlog;
@@ -350,7 +381,7 @@ TEST(SchedulerOverloadTest, ComputeForACallAnsweredAfterItsDeadlineIsCountedLate
   // a loaded machine may let the deadline pass before the run starts, and then the call leaves
   // without compute (or is refused before it queues).
   for (int attempt = 0; attempt < 5 && late == 0; ++attempt) {
-    Scheduler scheduler("m", DemoLayer(), Options(0, milliseconds(0)), &executor, &reporter);
+    Scheduler scheduler("m", Options(0, milliseconds(0)), &executor, &reporter);
     FakeJob job({16}, 16, attempt, Clock::now() + milliseconds(100));
     job.set_slow_buffers(milliseconds(200));
     ASSERT_TRUE(scheduler.Reserve().ok());
@@ -371,7 +402,7 @@ TEST(SchedulerOverloadTest, AStandingQueuePastTheTargetRefusesCallsWithADeadline
   CallReporter reporter;
   SchedulerOptions options = Options(0, milliseconds(0));
   options.queue_delay_target = milliseconds(1);
-  Scheduler scheduler("m", DemoLayer(), options, &executor, &reporter);
+  Scheduler scheduler("m", options, &executor, &reporter);
   Warm(scheduler, {512, 512, 512, 512}, 512, 2);
   std::vector<std::unique_ptr<FakeJob>> backlog;
   for (int i = 0; i < 40; ++i) {

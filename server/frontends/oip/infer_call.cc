@@ -11,7 +11,9 @@ absl::StatusOr<absl::string_view> InferCall::RequestedModel() {
                          {ModelInferRequest::kModelVersionFieldNumber, &version_}})) {
     return Malformed();
   }
-  if (absl::Status version = CheckModelVersion(version_); !version.ok()) return version;
+  absl::StatusOr<uint64_t> version = ParseModelVersion(version_);
+  if (!version.ok()) return version.status();
+  version_number_ = *version;
   return absl::string_view(model_);
 }
 
@@ -26,7 +28,7 @@ int64_t InferCall::ReplyBytes(const core::ForwardShapes& shapes) const {
 }
 
 absl::StatusOr<ForwardBuffers> InferCall::Buffers(const core::ForwardShapes& shapes) {
-  return PrepareInferResponse(*request_, &decoded_, shapes, NewResponse());
+  return PrepareInferResponse(*request_, &decoded_, shapes, version().version, NewResponse());
 }
 
 }  // namespace attnserve::server

@@ -19,6 +19,7 @@ class InferCall final
       : RawCall(context, request, response) {}
 
   absl::StatusOr<absl::string_view> RequestedModel() override;
+  uint64_t RequestedVersion() const override { return version_number_; }
   absl::Status Decode() override;
   const core::ForwardArgs& args() const override { return decoded_.args; }
   int64_t ReplyBytes(const core::ForwardShapes& shapes) const override;
@@ -26,6 +27,7 @@ class InferCall final
 
  private:
   std::string model_, version_;
+  uint64_t version_number_ = 0;
   DecodedInfer decoded_;
 };
 

@@ -5,10 +5,11 @@
 #include <cstring>
 #include <span>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/layer_spec.h"
 #include "core/float16.h"
+#include "core/layer_spec.h"
 #include "server/frontends/tensor_codec.h"
 #include "server/observability/logging.h"
 
@@ -64,8 +65,8 @@ absl::StatusOr<const float*> FloatData(const TensorSource& source, int64_t count
   const std::string& type = tensor.datatype();
   const bool half = type == "FP16" || type == "BF16";
   if (type != "FP32" && !half) {
-    return Invalid(tensor.name(),
-                   absl::StrCat("datatype '", Clipped(type), "' is not served; send FP32, FP16 or BF16"));
+    return Invalid(tensor.name(), absl::StrCat("datatype '", Clipped(type),
+                                               "' is not served; send FP32, FP16 or BF16"));
   }
   if (source.raw == nullptr) {
     if (half) {
@@ -112,8 +113,8 @@ absl::StatusOr<std::span<const int32_t>> LengthsData(const TensorSource& source,
                                                      std::vector<int32_t>* copy) {
   const InputTensor& tensor = *source.tensor;
   if (tensor.datatype() != "INT32") {
-    return Invalid(tensor.name(),
-                   absl::StrCat("datatype '", Clipped(tensor.datatype()), "' is not served; send INT32"));
+    return Invalid(tensor.name(), absl::StrCat("datatype '", Clipped(tensor.datatype()),
+                                               "' is not served; send INT32"));
   }
   if (tensor.shape_size() != 1 || tensor.shape(0) < 0) {
     return Invalid(tensor.name(), absl::StrCat("shape must be [B], got [",
@@ -158,7 +159,8 @@ absl::Status DecodeBatch(const TensorSource& data, const TensorSource* lengths,
     if (!read.ok()) return read.status();
     given = *read;
   }
-  return MakeBatch(Shape(*data.tensor), *floats, given, absl::StrCat("tensor '", Clipped(name), "'"), batch);
+  return MakeBatch(Shape(*data.tensor), *floats, given,
+                   absl::StrCat("tensor '", Clipped(name), "'"), batch);
 }
 
 // The `kind` parameter: a string naming the kind; bidirectional when absent, so tools that
@@ -174,8 +176,7 @@ absl::StatusOr<core::AttentionKind> KindParameter(const Parameters& parameters) 
     std::vector<std::string> names;
     for (core::AttentionKind k : core::kAttentionKinds) names.emplace_back(core::KindName(k));
     return absl::InvalidArgumentError(absl::StrCat("parameter 'kind': unknown kind '",
-                                                   Clipped(it->second.string_param()),
-                                                   "'; one of ",
+                                                   Clipped(it->second.string_param()), "'; one of ",
                                                    absl::StrJoin(names, ", ")));
   }
   return *kind;
@@ -285,9 +286,10 @@ absl::Status DecodeInferRequest(const ModelInferRequest& request, DecodedInfer* 
 absl::StatusOr<ForwardBuffers> PrepareInferResponse(const ModelInferRequest& request,
                                                     DecodedInfer* decoded,
                                                     const core::ForwardShapes& shapes,
+                                                    int64_t version,
                                                     inference::ModelInferResponse* response) {
   response->set_model_name(request.model_name());
-  response->set_model_version(kInferModelVersion);
+  response->set_model_version(absl::StrCat(version));
   response->set_id(request.id());
   const std::vector<int64_t> output_shape = OutputShape(decoded->args.input, shapes);
   const std::vector<int64_t> attention_shape = AttentionShape(shapes);
@@ -321,11 +323,16 @@ absl::StatusOr<ForwardBuffers> PrepareInferResponse(const ModelInferRequest& req
   return buffers;
 }
 
-absl::Status CheckModelVersion(absl::string_view version) {
-  if (version.empty() || version == kInferModelVersion) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat("model version '", Clipped(version),
-                                          "' is not served; every model is version ",
-                                          kInferModelVersion));
+absl::StatusOr<uint64_t> ParseModelVersion(absl::string_view version) {
+  uint64_t number = 0;
+  if (version.empty()) return number;
+  const bool digits =
+      std::all_of(version.begin(), version.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || !absl::SimpleAtoi(version, &number) || number == 0) {
+    return absl::NotFoundError(absl::StrCat("model version '", Clipped(version),
+                                            "' is not served: versions are positive integers"));
+  }
+  return number;
 }
 
 }  // namespace attnserve::server

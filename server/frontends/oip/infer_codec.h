@@ -19,7 +19,7 @@
 
 namespace attnserve::server {
 
-// The contract's tensor and parameter names, and the version every model is served as.
+// The contract's tensor and parameter names.
 inline constexpr char kInferInput[] = "input";
 inline constexpr char kInferLengths[] = "lengths";
 inline constexpr char kInferContext[] = "context";
@@ -28,7 +28,6 @@ inline constexpr char kInferOutput[] = "output";
 inline constexpr char kInferAttention[] = "attention";
 inline constexpr char kInferKindParameter[] = "kind";
 inline constexpr char kInferReturnAttentionParameter[] = "return_attention";
-inline constexpr char kInferModelVersion[] = "1";
 
 // A ModelInferRequest seen as a Forward call, pointing into the request's own buffers where the
 // bytes allow (FP32, aligned), plus how the reply is encoded.
@@ -50,16 +49,17 @@ struct DecodedInfer {
 // InvalidArgument, naming the tensor or parameter, for anything the contract does not allow.
 absl::Status DecodeInferRequest(const inference::ModelInferRequest& request, DecodedInfer* decoded);
 
-// Fills `response` for `request`: model, version, id, and the requested outputs in FP32, sized
-// and zero-filled in the request's encoding; returns where Forward writes. ResourceExhausted
-// for a size the reply cannot hold.
+// Fills `response` for `request`: model, `version` (the one that computed it), id, and the
+// requested outputs in FP32, sized and zero-filled in the request's encoding; returns where
+// Forward writes. ResourceExhausted for a size the reply cannot hold.
 absl::StatusOr<ForwardBuffers> PrepareInferResponse(const inference::ModelInferRequest& request,
                                                     DecodedInfer* decoded,
                                                     const core::ForwardShapes& shapes,
+                                                    int64_t version,
                                                     inference::ModelInferResponse* response);
 
-// NotFound for a model_version other than empty (the newest) or the one every model is
-// served as; the one check of it for every method.
-absl::Status CheckModelVersion(absl::string_view version);
+// The version a model_version names: 0 (the newest ready one) for "", else a positive decimal
+// integer; NotFound otherwise. The one reading of it for every method.
+absl::StatusOr<uint64_t> ParseModelVersion(absl::string_view version);
 
 }  // namespace attnserve::server

@@ -2,6 +2,8 @@
 
 #include <memory>
 #include <optional>
+#include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,59 @@ bool MayBeSequence(const grpc::ByteBuffer& request) {
   return first.substr(0, 4096).find("sequence_id") != absl::string_view::npos;
 }
 
+// A repository call answered later (on the registry's thread) through `reactor`.
+class LaterAnswer {
+ public:
+  LaterAnswer(grpc::CallbackServerContext* context, grpc::ByteBuffer* response)
+      : reactor_(context->DefaultReactor()), response_(response) {}
+
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+
+  // Finishes the call with `status` and, when OK, `reply`.
+  template <typename Response>
+  void operator()(const absl::Status& status, const Response& reply) const {
+    grpc::Status answer = ToGrpcStatus(status);
+    if (status.ok()) {
+      bool own_buffer = false;
+      answer = grpc::SerializationTraits<Response>::Serialize(reply, response_, &own_buffer);
+    }
+    reactor_->Finish(answer);
+  }
+
+ private:
+  grpc::ServerUnaryReactor* const reactor_;
+  grpc::ByteBuffer* const response_;
+};
+
+// Parses a raw request body; MalformedBody when it is not a `Request`.
+template <typename Request>
+absl::Status ParseRaw(const grpc::ByteBuffer* bytes, Request* request) {
+  grpc::ByteBuffer copy(*bytes);  // shares gRPC's slices; the reader needs it mutable
+  grpc::ProtoBufferReader reader(&copy);
+  if (request->ParseFromZeroCopyStream(&reader)) return absl::OkStatus();
+  return MalformedBody(Request::descriptor()->full_name());
+}
+
+// RepositoryModelLoad's `config` parameter (a JSON string), if given; Triton's file:
+// parameters (model files sent in the call) are not served.
+absl::StatusOr<std::optional<std::string>> LoadConfigParameter(
+    const inference::RepositoryModelLoadRequest& request) {
+  std::optional<std::string> config;
+  for (const auto& [key, value] : request.parameters()) {
+    if (key != "config") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", Clipped(key), "' is not served; RepositoryModelLoad takes 'config'"));
+    }
+    if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kStringParam) {
+      return absl::InvalidArgumentError("parameter 'config' must be a string_param (JSON)");
+    }
+    config = value.string_param();
+  }
+  return config;
+}
+
+const char* StateName(VersionState state) { return VersionStateName(state).data(); }
+
 }  // namespace
 
 grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerContext* context,
@@ -68,7 +123,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
   return AnswerRawUnary<inference::ModelReadyRequest, inference::ModelReadyResponse>(
       context, request, response,
       [this](const inference::ModelReadyRequest& asked, inference::ModelReadyResponse* ready) {
-        absl::StatusOr<ServedModel*> model = FindModel(asked.name(), asked.version());
+        absl::StatusOr<ModelRegistry::Found> model = FindModel(asked.name(), asked.version());
         if (model.ok()) ready->set_ready(admission_->accepting());
         return model.status();
       });
@@ -82,9 +137,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(grpc::CallbackServerC
       [](const inference::ServerMetadataRequest&, inference::ServerMetadataResponse* metadata) {
         metadata->set_name(kServerName);
         metadata->set_version(ATTNSERVE_VERSION);
-        // Request parameters (`kind`, `return_attention`) are the one extension the contract
-        // uses.
+        // Request parameters (`kind`, `return_attention`) and the model repository API.
         metadata->add_extensions("parameters");
+        metadata->add_extensions("model_repository");
         return absl::OkStatus();
       });
 }
@@ -96,9 +151,16 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(grpc::CallbackServerCo
       context, request, response,
       [this](const inference::ModelMetadataRequest& asked,
              inference::ModelMetadataResponse* metadata) {
-        absl::StatusOr<ServedModel*> model = FindModel(asked.name(), asked.version());
-        if (model.ok()) *metadata = DescribeInferModel((*model)->summary);
-        return model.status();
+        absl::StatusOr<ModelRegistry::Found> model = FindModel(asked.name(), asked.version());
+        if (!model.ok()) return model.status();
+        std::vector<std::string> versions;
+        for (const VersionStatus& v : admission_->registry().Statuses()) {
+          if (v.model == model->model->name && v.state == VersionState::kReady) {
+            versions.push_back(absl::StrCat(v.version));
+          }
+        }
+        *metadata = DescribeInferModel(model->version->summary, versions);
+        return absl::OkStatus();
       });
 }
 
@@ -130,17 +192,90 @@ InferenceService::ModelStreamInfer(grpc::CallbackServerContext* /*context*/) {
   return new StreamInferCall(admission_, sequences_);
 }
 
-absl::StatusOr<ServedModel*> InferenceService::FindModel(const std::string& name,
-                                                         const std::string& version) const {
-  if (absl::Status status = CheckModelVersion(version); !status.ok()) return status;
-  return admission_->registry().Find(name);
+grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return AnswerRawUnary<inference::RepositoryIndexRequest, inference::RepositoryIndexResponse>(
+      context, request, response,
+      [this](const inference::RepositoryIndexRequest& asked,
+             inference::RepositoryIndexResponse* index) {
+        if (absl::Status s = CheckRepositoryName(asked.repository_name()); !s.ok()) return s;
+        for (const VersionStatus& v : admission_->registry().Statuses(/*whole_repository=*/true)) {
+          if (asked.ready() && v.state != VersionState::kReady) continue;
+          auto* entry = index->add_models();
+          entry->set_name(v.model);
+          if (v.version > 0) entry->set_version(absl::StrCat(v.version));
+          entry->set_state(StateName(v.state));
+          entry->set_reason(v.reason);
+        }
+        return absl::OkStatus();
+      });
 }
 
-inference::ModelMetadataResponse DescribeInferModel(const ModelSummary& model) {
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  const LaterAnswer answer(context, response);
+  const inference::RepositoryModelLoadResponse reply;
+  inference::RepositoryModelLoadRequest asked;
+  absl::Status status = ParseRaw(request, &asked);
+  if (status.ok()) status = admin_->Authorize(*context);
+  if (status.ok()) status = CheckRepositoryName(asked.repository_name());
+  absl::StatusOr<std::optional<std::string>> config = LoadConfigParameter(asked);
+  if (status.ok()) status = config.status();
+  if (!status.ok()) {
+    answer(status, reply);
+    return answer.reactor();
+  }
+  admission_->registry().RequestLoad(asked.model_name(), *std::move(config),
+                                     [answer](const absl::Status& done) {
+                                       answer(done, inference::RepositoryModelLoadResponse());
+                                     });
+  return answer.reactor();
+}
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  const LaterAnswer answer(context, response);
+  inference::RepositoryModelUnloadRequest asked;
+  absl::Status status = ParseRaw(request, &asked);
+  if (status.ok()) status = admin_->Authorize(*context);
+  if (status.ok()) status = CheckRepositoryName(asked.repository_name());
+  if (!status.ok()) {
+    answer(status, inference::RepositoryModelUnloadResponse());
+    return answer.reactor();
+  }
+  // Triton's unload_dependents parameter means nothing here (no ensembles); it is accepted.
+  admission_->registry().RequestUnload(asked.model_name(), [answer](const absl::Status& done) {
+    answer(done, inference::RepositoryModelUnloadResponse());
+  });
+  return answer.reactor();
+}
+
+absl::Status InferenceService::CheckRepositoryName(const std::string& name) const {
+  const std::string& repository = admission_->registry().repository();
+  if (name.empty() || name == repository ||
+      name == std::filesystem::path(repository).filename().string()) {
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("no repository '", Clipped(name),
+                                          "'; this server has one (--model-repository): send "
+                                          "repository_name empty"));
+}
+
+absl::StatusOr<ModelRegistry::Found> InferenceService::FindModel(const std::string& name,
+                                                                 const std::string& version) const {
+  absl::StatusOr<uint64_t> number = ParseModelVersion(version);
+  if (!number.ok()) return number.status();
+  return admission_->registry().Find(name, *number);
+}
+
+inference::ModelMetadataResponse DescribeInferModel(const ModelSummary& model,
+                                                    const std::vector<std::string>& versions) {
   inference::ModelMetadataResponse metadata;
   metadata.set_name(model.name);
-  // A std::string, not a const char*: GCC 12 warns falsely (-Wrestrict) on the latter.
-  metadata.add_versions(std::string(kInferModelVersion));
+  for (const std::string& version : versions) metadata.add_versions(version);
   metadata.set_platform(kPlatform);
   // Padded shapes; `input` and `context` may also come packed, [T, width].
   AddTensor(kInferInput, "FP32", {-1, -1, model.d_model}, metadata.mutable_inputs());

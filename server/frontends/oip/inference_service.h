@@ -3,6 +3,7 @@
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/serving/admission.h"
 #include "server/serving/sequence_table.h"
+#include "server/transport/admin_auth.h"
 
 namespace attnserve::server {
 
@@ -10,8 +11,9 @@ namespace attnserve::server {
 // API, beside attnserve.v1 on the same port, every method raw (we parse the bytes, so a body that
 // is not the method's message gets INVALID_ARGUMENT with a message). ModelInfer's bytes go to an
 // InferCall, which admission decodes only once the call may be served, exactly as Forward's; the
-// liveness, readiness and metadata methods are answered at once. The methods convert and
-// delegate.
+// liveness, readiness and metadata methods are answered at once; the repository extension's
+// load and unload are answered when the registry's thread has done them. The methods convert
+// and delegate.
 class InferenceService final
     : public inference::GRPCInferenceService::WithRawCallbackMethod_ServerLive<
           inference::GRPCInferenceService::WithRawCallbackMethod_ServerReady<
@@ -20,11 +22,19 @@ class InferenceService final
                       inference::GRPCInferenceService::WithRawCallbackMethod_ModelMetadata<
                           inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
                               inference::GRPCInferenceService::WithCallbackMethod_ModelStreamInfer<
-                                  inference::GRPCInferenceService::Service>>>>>>> {
+                                  inference::GRPCInferenceService::
+                                      WithRawCallbackMethod_RepositoryIndex<
+                                          inference::GRPCInferenceService::
+                                              WithRawCallbackMethod_RepositoryModelLoad<
+                                                  inference::GRPCInferenceService::
+                                                      WithRawCallbackMethod_RepositoryModelUnload<
+                                                          inference::GRPCInferenceService::
+                                                              Service>>>>>>>>>> {
  public:
-  // `admission` and `sequences` (sessions keyed by sequence_id) outlive the service.
-  InferenceService(Admission* admission, SequenceTable* sequences)
-      : admission_(admission), sequences_(sequences) {}
+  // `admission`, `admin` (who may load and unload) and `sequences` (sessions keyed by
+  // sequence_id) outlive the service.
+  InferenceService(Admission* admission, const AdminAuthorizer* admin, SequenceTable* sequences)
+      : admission_(admission), admin_(admin), sequences_(sequences) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
@@ -46,16 +56,31 @@ class InferenceService final
                                        grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* context,
+                                                const grpc::ByteBuffer* request,
+                                                grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) override;
 
  private:
-  // The model `name` (and `version`) names, or NotFound.
-  absl::StatusOr<ServedModel*> FindModel(const std::string& name, const std::string& version) const;
+  // The model `name` at `version` ("" for the newest ready one), or NotFound.
+  absl::StatusOr<ModelRegistry::Found> FindModel(const std::string& name,
+                                                 const std::string& version) const;
+  // NotFound unless `name` is "" or this server's repository.
+  absl::Status CheckRepositoryName(const std::string& name) const;
 
   Admission* const admission_;
   SequenceTable* const sequences_;
+  const AdminAuthorizer* const admin_;
 };
 
-// The tensor contract of `model` as ModelMetadata states it: -1 for dimensions of any size.
-inference::ModelMetadataResponse DescribeInferModel(const ModelSummary& model);
+// The tensor contract of `model` as ModelMetadata states it: -1 for dimensions of any size;
+// `versions` are the model's ready versions.
+inference::ModelMetadataResponse DescribeInferModel(const ModelSummary& model,
+                                                    const std::vector<std::string>& versions);
 
 }  // namespace attnserve::server

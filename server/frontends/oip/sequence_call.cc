@@ -77,8 +77,11 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor() {
   if (!request_->parameters().contains(kInferKindParameter)) {
     args.kind = args.context ? core::AttentionKind::kCausalCross : core::AttentionKind::kCausal;
   }
-  absl::StatusOr<std::unique_ptr<Session>> opened = admission_->OpenSession(
-      request_->model_name(), args.kind, args.input.batch(), args.context ? &*args.context : nullptr);
+  absl::StatusOr<uint64_t> version = ParseModelVersion(request_->model_version());
+  if (!version.ok()) return version.status();
+  absl::StatusOr<std::unique_ptr<Session>> opened =
+      admission_->OpenSession(request_->model_name(), *version, args.kind, args.input.batch(),
+                              args.context ? &*args.context : nullptr);
   if (!opened.ok()) return opened.status();
   if (args.context) {
     absl::Status valid = (*opened)->layer()->ValidateBatch(*args.context, true, "context");
@@ -90,7 +93,6 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor() {
 }
 
 void SequenceStep::Run(std::function<void(absl::Status)> done) {
-  if (absl::Status s = CheckModelVersion(request_->model_version()); !s.ok()) return done(s);
   if (!admission_->accepting()) return done(absl::UnavailableError("the server is shutting down"));
   if (absl::Status s = DecodeInferRequest(*request_, &decoded_); !s.ok()) return done(s);
   absl::StatusOr<std::shared_ptr<Session>> session = SessionFor();
@@ -104,7 +106,7 @@ void SequenceStep::Run(std::function<void(absl::Status)> done) {
   shapes.output_rows = decoded_.args.input.rows();
   shapes.output_width = layer.spec().d_output();
   absl::StatusOr<ForwardBuffers> buffers =
-      PrepareInferResponse(*request_, &decoded_, shapes, response_);
+      PrepareInferResponse(*request_, &decoded_, shapes, session_->version()->version, response_);
   if (!buffers.ok()) return done(buffers.status());
   StepArgs args = MakeStepArgs(decoded_.args.input, buffers->output, shapes.output_width);
   const bool end = params_.end;

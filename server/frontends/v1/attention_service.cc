@@ -4,9 +4,9 @@
 #include <string>
 
 #include "server/frontends/v1/decode_call.h"
+#include "server/frontends/raw_call.h"
 #include "server/frontends/v1/forward_call.h"
 #include "server/frontends/v1/forward_codec.h"
-#include "server/frontends/raw_call.h"
 
 namespace attnserve::server {
 
@@ -22,8 +22,9 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerConte
   return AnswerRawUnary<v1::ListModelsRequest, v1::ListModelsResponse>(
       context, request, response,
       [this](const v1::ListModelsRequest&, v1::ListModelsResponse* models) {
-        for (const auto& model : admission_->registry().models()) {
-          *models->add_models() = DescribeModel(model->summary);
+        // Every version calls can reach or still hold: READY and UNLOADING ones.
+        for (const VersionStatus& version : admission_->registry().Statuses()) {
+          if (version.handle != nullptr) *models->add_models() = DescribeVersion(version);
         }
         return absl::OkStatus();
       });
@@ -32,6 +33,26 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerConte
 grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* AttentionService::Decode(
     grpc::CallbackServerContext* context) {
   return new DecodeCall(admission_, context);
+}
+
+v1::ModelInfo DescribeVersion(const VersionStatus& version) {
+  v1::ModelInfo info = DescribeModel(version.handle->summary);
+  info.set_version(static_cast<uint64_t>(version.version));
+  switch (version.state) {
+    case VersionState::kReady:
+      info.set_state(v1::MODEL_STATE_READY);
+      break;
+    case VersionState::kLoading:
+      info.set_state(v1::MODEL_STATE_LOADING);
+      break;
+    case VersionState::kUnloading:
+      info.set_state(v1::MODEL_STATE_UNLOADING);
+      break;
+    case VersionState::kUnavailable:
+      info.set_state(v1::MODEL_STATE_UNAVAILABLE);
+      break;
+  }
+  return info;
 }
 
 v1::ModelInfo DescribeModel(const ModelSummary& model) {

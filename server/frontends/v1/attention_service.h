@@ -36,4 +36,7 @@ class AttentionService final
 // start-up log and the client's table and JSON print field by field.
 v1::ModelInfo DescribeModel(const ModelSummary& model);
 
+// The same for one version of a model in `state`.
+v1::ModelInfo DescribeVersion(const VersionStatus& version);
+
 }  // namespace attnserve::server

@@ -85,7 +85,8 @@ bool DecodeCall::OpenSession() {
     return false;
   }
   absl::StatusOr<std::unique_ptr<Session>> session =
-      admission_->OpenSession(request_.model(), *kind, input_.batch(), cross ? &context : nullptr);
+      admission_->OpenSession(request_.model(), request_.version(), *kind, input_.batch(),
+                              cross ? &context : nullptr);
   if (session.ok() && cross) {
     absl::Status valid = (*session)->layer()->ValidateBatch(context, /*context=*/true, "context");
     if (!valid.ok()) session = valid;

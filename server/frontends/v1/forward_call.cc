@@ -4,7 +4,8 @@
 
 namespace attnserve::server {
 absl::StatusOr<absl::string_view> ForwardCall::RequestedModel() {
-  if (!ScanStringFields(&request_bytes_, {{v1::ForwardRequest::kModelFieldNumber, &model_}})) {
+  if (!ScanStringFields(&request_bytes_, {{v1::ForwardRequest::kModelFieldNumber, &model_}},
+                        {{v1::ForwardRequest::kVersionFieldNumber, &version_}})) {
     return Malformed();
   }
   return absl::string_view(model_);

@@ -4,8 +4,8 @@
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attention.pb.h"
-#include "server/frontends/v1/forward_codec.h"
 #include "server/frontends/raw_call.h"
+#include "server/frontends/v1/forward_codec.h"
 
 namespace attnserve::server {
 
@@ -18,6 +18,7 @@ class ForwardCall final : public RawCall<v1::ForwardRequest, v1::ForwardResponse
       : RawCall(context, request, response) {}
 
   absl::StatusOr<absl::string_view> RequestedModel() override;
+  uint64_t RequestedVersion() const override { return version_; }
   absl::Status Decode() override;
   const core::ForwardArgs& args() const override { return decoded_.args; }
   int64_t ReplyBytes(const core::ForwardShapes& shapes) const override;
@@ -25,6 +26,7 @@ class ForwardCall final : public RawCall<v1::ForwardRequest, v1::ForwardResponse
 
  private:
   std::string model_;
+  uint64_t version_ = 0;
   DecodedForward decoded_;
 };
 
