@@ -42,6 +42,9 @@ struct Flags {
   int shutdown_grace_s = 30;
   double max_connection_idle_s = 300;
   double handshake_timeout_s = 10;
+  double http_header_timeout_s = 10;
+  double http_body_timeout_s = 30;
+  double http_idle_timeout_s = 5;
 };
 
 void AddFlags(CLI::App& app, Flags& flags) {
@@ -52,6 +55,25 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "Once listening, write the bound port (a number and a newline) to this file");
   app.add_option("--metrics-listen", o.metrics_listen,
                  "HOST:PORT serving Prometheus metrics at /metrics (plain HTTP); '' or off: none")
+      ->capture_default_str();
+  app.add_option("--http-listen", o.http_listen,
+                 "HOST:PORT serving the Open Inference Protocol over HTTP/REST (with --listen's "
+                 "TLS, tokens and limits); '' or off: none")
+      ->capture_default_str();
+  app.add_option("--http-max-connections", o.http_max_connections,
+                 "REST connections served at once (a thread each); more wait to be accepted")
+      ->capture_default_str();
+  app.add_option("--http-header-timeout", flags.http_header_timeout_s,
+                 "Seconds a REST request's line and headers have to arrive")
+      ->check(CLI::Range(0.001, 2e6))
+      ->capture_default_str();
+  app.add_option("--http-body-timeout", flags.http_body_timeout_s,
+                 "Seconds a REST request's body has to arrive")
+      ->check(CLI::Range(0.001, 2e6))
+      ->capture_default_str();
+  app.add_option("--http-idle-timeout", flags.http_idle_timeout_s,
+                 "Seconds an idle REST keep-alive connection stays open")
+      ->check(CLI::Range(0.001, 2e6))
       ->capture_default_str();
   app.add_option("--model", flags.models, kModelHelp);
   app.add_option("--threads", o.compute_threads,
@@ -190,6 +212,9 @@ absl::Status ApplyFlags(Flags& flags) {
   attnserve::server::InitLogging(*level, *format);
   flags.options.max_connection_idle_ms = static_cast<int>(flags.max_connection_idle_s * 1000);
   flags.options.handshake_timeout_ms = static_cast<int>(flags.handshake_timeout_s * 1000);
+  flags.options.http_header_timeout_ms = static_cast<int>(flags.http_header_timeout_s * 1000);
+  flags.options.http_body_timeout_ms = static_cast<int>(flags.http_body_timeout_s * 1000);
+  flags.options.http_idle_timeout_ms = static_cast<int>(flags.http_idle_timeout_s * 1000);
   flags.options.on_listener_lost = [] {
     listener_lost.store(true);
     kill(getpid(), SIGUSR1);
@@ -251,7 +276,7 @@ int main(int argc, char** argv) {
   const sigset_t signals = BlockSignals();
   CLI::App app{
       "attnserve: serves the forward pass of trained multi-head attention layers "
-      "over gRPC (attnserve.v1.AttentionService)"};
+      "over gRPC (attnserve.v1.AttentionService, the Open Inference Protocol) and HTTP/REST"};
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);

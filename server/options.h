@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/frontends/http/http_server.h"
 #include "server/serving/model_config.h"
 #include "server/serving/scheduler.h"
 #include "server/transport/credentials.h"
@@ -21,6 +22,15 @@ inline bool MetricsOff(absl::string_view metrics_listen) {
   return metrics_listen.empty() || metrics_listen == "off";
 }
 
+// Where the Open Inference Protocol's REST form is served unless --http-listen says otherwise
+// (Triton's and KServe's port).
+inline constexpr absl::string_view kDefaultHttpListen = "0.0.0.0:8000";
+
+// True when `http_listen` turns the REST port off ("" or "off").
+inline bool HttpOff(absl::string_view http_listen) {
+  return http_listen.empty() || http_listen == "off";
+}
+
 // Everything the server is configured with; main fills it from the command line.
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // HOST:PORT; port 0 picks a free port
@@ -31,15 +41,15 @@ struct ServerOptions {
   int max_message_mib = 64;              // largest request or response
   // calls waiting per model before RESOURCE_EXHAUSTED
   int max_queue = SchedulerOptions{}.max_queue;
-  int max_streams = 128;                 // calls in flight per connection (HTTP/2 streams)
+  int max_streams = 128;  // calls in flight per connection (HTTP/2 streams)
   // dynamic batching: token target per run; 0: none
   int64_t max_batch_tokens = SchedulerOptions{}.max_batch_tokens;
-  int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
+  int64_t max_queue_delay_us = 0;  // how long a call may wait for others to merge with
   // overload: the queueing delay a model tolerates standing (CoDel's target); 0: none
   int64_t queue_delay_target_ms = SchedulerOptions{}.queue_delay_target.count();
-  TlsFiles tls;                          // main port: TLS / mTLS when set
-  std::string auth_token_file;           // main port: bearer tokens, one a line, when set
-  std::string health_listen;             // HOST:PORT of a plaintext health-only port, when set
+  TlsFiles tls;                 // main port: TLS / mTLS when set
+  std::string auth_token_file;  // main port: bearer tokens, one a line, when set
+  std::string health_listen;    // HOST:PORT of a plaintext health-only port, when set
   // A connection with no call for this long is closed (idle or abandoned half-open peers).
   int max_connection_idle_ms = 5 * 60 * 1000;
   // A connection that has not finished its TLS handshake and HTTP/2 settings by then is closed.
@@ -57,6 +67,17 @@ struct ServerOptions {
   int max_connection_age_grace_s = 60;
   // HOST:PORT serving /metrics; "" or "off": no metrics (kDefaultMetricsListen by default).
   std::string metrics_listen = std::string(kDefaultMetricsListen);
+  // HOST:PORT of the REST port (the Open Inference Protocol over HTTP/1.1, with the main port's
+  // TLS, tokens and --max-message-mib); "" or "off": none.
+  std::string http_listen = std::string(kDefaultHttpListen);
+  // REST connections served at once (one thread each); more wait in the listen queue.
+  int http_max_connections = HttpServerOptions{}.max_connections;
+  // A REST request's line and headers must arrive within this.
+  int http_header_timeout_ms = HttpServerOptions{}.header_timeout_ms;
+  // A REST request's body must arrive within this, from its first byte.
+  int http_body_timeout_ms = HttpServerOptions{}.body_timeout_ms;
+  // A REST keep-alive connection without a request for this long is closed.
+  int http_idle_timeout_ms = HttpServerOptions{}.idle_timeout_ms;
 };
 
 // Parses `NAME=PATH[:num_heads=N][:prefix=P][:precision=f32|bf16]`. PATH may itself hold ':'

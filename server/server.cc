@@ -15,9 +15,10 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "server/transport/credentials.h"
+#include "server/frontends/http/oip_routes.h"
 #include "server/observability/log_setup.h"
 #include "server/observability/metrics.h"
+#include "server/transport/credentials.h"
 #include "server/transport/reflection.h"
 
 namespace attnserve::server {
@@ -92,7 +93,8 @@ class HealthOnlyRefusal final : public grpc::CallbackGenericService {
 void BoundStreamsAndAge(const ServerOptions& options, grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams);
   if (options.max_connection_age_s > 0) {
-    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_s * 1000);
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                                options.max_connection_age_s * 1000);
     builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                                 options.max_connection_age_grace_s * 1000);
   }
@@ -139,11 +141,13 @@ absl::Status Server::Init(const ServerOptions& options) {
   registry_ = *std::move(registry);
   if (absl::Status status = StartMetrics(options); !status.ok()) return status;
 
-  admission_ = std::make_unique<Admission>(registry_.get(), reporter_.get(), MaxMessageBytes(options));
+  admission_ =
+      std::make_unique<Admission>(registry_.get(), reporter_.get(), MaxMessageBytes(options));
   service_ = std::make_unique<AttentionService>(admission_.get());
   inference_service_ = std::make_unique<InferenceService>(admission_.get());
   if (absl::Status status = StartMainPort(options); !status.ok()) return status;
   if (absl::Status status = StartHealthPort(options); !status.ok()) return status;
+  if (absl::Status status = StartHttpPort(options); !status.ok()) return status;
   SetServing(true);
   if (!options.port_file.empty()) {
     if (absl::Status status = WritePortFile(options.port_file, port_); !status.ok()) return status;
@@ -209,6 +213,37 @@ absl::Status Server::StartHealthPort(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
+absl::Status Server::StartHttpPort(const ServerOptions& options) {
+  if (HttpOff(options.http_listen)) return absl::OkStatus();
+  HttpRouter router;
+  AddOipRoutes(admission_.get(),
+               {.max_bytes = MaxMessageBytes(options),
+                .read_time = std::chrono::milliseconds(options.http_body_timeout_ms)},
+               &router);
+  // Extensions that come with the repository and sessions add their routes here.
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      HttpServer::Start({.listen = options.http_listen,
+                         .tls = options.tls,
+                         .auth = auth_,
+                         .max_connections = options.http_max_connections,
+                         .header_timeout_ms = options.http_header_timeout_ms,
+                         .body_timeout_ms = options.http_body_timeout_ms,
+                         .idle_timeout_ms = options.http_idle_timeout_ms},
+                        std::move(router));
+  if (http.ok()) {
+    http_server_ = *std::move(http);
+    http_port_ = http_server_->port();
+  } else if (options.http_listen == kDefaultHttpListen &&
+             http.status().code() == absl::StatusCode::kUnavailable) {
+    // As for metrics: only the default may be busy (a second server on the machine).
+    Log(LogLevel::kWarn, "serving without the REST port: pass --http-listen HOST:PORT (or off)",
+        {{"error", std::string(http.status().message())}});
+  } else {
+    return http.status();
+  }
+  return absl::OkStatus();
+}
+
 void Server::StartWatchers(const ServerOptions& options) {
   if (auth_ != nullptr) {
     token_reloader_ = std::make_unique<PeriodicThread>(kTokenPollInterval, [this] {
@@ -262,12 +297,15 @@ void Server::DrainLocked(std::chrono::milliseconds grace, std::chrono::milliseco
   // Load balancers first, so they stop sending; then refuse what still arrives.
   SetServing(false);
   admission_->StopAccepting();
+  // REST replies from now on say Connection: close, so keep-alive clients reconnect elsewhere.
+  if (http_server_ != nullptr) http_server_->CloseConnections();
   registry_->Drain(start + grace);
   // The lame duck counts from the end of the drain: however long the drain took, a call that
   // arrives now is still refused UNAVAILABLE by the service, not cut by gRPC's shutdown.
   std::this_thread::sleep_for(lame_duck);
   // main exits without destructors: what the summaries still count is written now.
   reporter_->FlushLog();
+  if (http_server_ != nullptr) http_server_->FlushLog();
   FlushLibraryLogs();
   Log(LogLevel::kInfo, "drained", {{"address", address_}});
 }
@@ -285,6 +323,7 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
     health_server_->Shutdown(std::chrono::system_clock::now());
     health_server_->Wait();
   }
+  if (http_server_ != nullptr) http_server_->Stop();
   Log(LogLevel::kInfo, "stopped", {{"address", address_}});
 }
 
@@ -313,6 +352,7 @@ void Server::LogSummary(const ServerOptions& options) const {
        {"transport", tls ? (options.tls.client_ca.empty() ? "tls" : "mtls") : "plaintext"},
        {"auth", auth_ != nullptr ? "bearer tokens" : "none"},
        {"health_port", health_port_},
+       {"http_port", http_port_},
        {"metrics_port", metrics_port_},
        {"models", static_cast<int64_t>(registry_->models().size())},
        {"onednn", runtime.dnnl_version},

@@ -88,28 +88,35 @@ int TokenAuthenticator::token_count() const {
   return static_cast<int>(tokens_.size());
 }
 
-grpc::Status TokenAuthenticator::Process(const InputMetadata& auth_metadata,
-                                         grpc::AuthContext* /*context*/,
-                                         OutputMetadata* consumed_auth_metadata,
-                                         OutputMetadata* /*response_metadata*/) {
-  auto header = auth_metadata.find("authorization");
-  if (header == auth_metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing 'authorization: Bearer TOKEN' metadata");
+absl::Status TokenAuthenticator::Check(const absl::string_view* authorization) const {
+  if (authorization == nullptr) {
+    return absl::UnauthenticatedError("missing 'authorization: Bearer TOKEN' metadata");
   }
-  const absl::string_view value(header->second.data(), header->second.size());
-  if (!absl::StartsWith(value, kBearer)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the authorization metadata must be 'Bearer TOKEN'");
+  if (!absl::StartsWith(*authorization, kBearer)) {
+    return absl::UnauthenticatedError("the authorization metadata must be 'Bearer TOKEN'");
   }
-  const absl::string_view presented = value.substr(kBearer.size());
+  const absl::string_view presented = authorization->substr(kBearer.size());
   bool match = false;
   {
     std::lock_guard lock(mu_);
     // No early exit: the time does not tell which token (or whether any) matched.
     for (const std::string& token : tokens_) match |= ConstantTimeEquals(presented, token);
   }
-  if (!match) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown bearer token");
+  if (!match) return absl::UnauthenticatedError("unknown bearer token");
+  return absl::OkStatus();
+}
+
+grpc::Status TokenAuthenticator::Process(const InputMetadata& auth_metadata,
+                                         grpc::AuthContext* /*context*/,
+                                         OutputMetadata* consumed_auth_metadata,
+                                         OutputMetadata* /*response_metadata*/) {
+  auto header = auth_metadata.find("authorization");
+  absl::string_view value;
+  if (header != auth_metadata.end()) value = {header->second.data(), header->second.size()};
+  const absl::Status status = Check(header != auth_metadata.end() ? &value : nullptr);
+  if (!status.ok()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(status.message()));
+  }
   // Handlers never see the token, so nothing downstream can log it.
   consumed_auth_metadata->emplace("authorization", std::string(value));
   return grpc::Status::OK;

@@ -41,6 +41,11 @@ class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
   // How many tokens are accepted now.
   int token_count() const;
 
+  // The check itself, for any protocol: OK when `authorization` (the header's value, absent:
+  // nullptr) is `Bearer TOKEN` naming a current token, else Unauthenticated saying what is
+  // wrong (never the token). Process (gRPC metadata) and the HTTP frontend both call it.
+  absl::Status Check(const absl::string_view* authorization) const;
+
   // Checks without blocking, on gRPC's own thread.
   bool IsBlocking() const override { return false; }
 
