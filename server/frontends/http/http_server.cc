@@ -3,11 +3,13 @@
 #include <civetweb.h>
 #include <strings.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/frontends/http/civetweb_openssl3.h"
 #include "server/frontends/http/http_status.h"
 #include "server/frontends/http/oip_routes.h"
 #include "server/observability/logging.h"
@@ -66,9 +68,16 @@ absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadli
   std::string& bytes = body->bytes;
   bytes.clear();
   bytes.reserve((declared >= 0 ? declared : 64 << 10) + padding);
-  char chunk[64 << 10];
+  // civetweb's mg_read returns only once it has all it was asked for: a client that sends a
+  // byte at a time would hold a large read far past the deadline. Reads start small, double
+  // while they are quick and drop to a byte when one is slow, so the deadline is checked at
+  // least every few bytes of a trickle and full-size reads serve a fast client.
+  constexpr size_t kMaxRead = 64 << 10;
+  char chunk[kMaxRead];
+  size_t want = 64;
   while (true) {
-    const int n = mg_read(connection_, chunk, sizeof(chunk));
+    const Clock::time_point start = Clock::now();
+    const int n = mg_read(connection_, chunk, want);
     if (n == 0) break;
     if (n < 0) {
       return absl::InvalidArgumentError(
@@ -79,13 +88,16 @@ absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadli
       return TooLarge(
           absl::StrCat("the body is over the limit of ", max_bytes, " bytes (--max-message-mib)"));
     }
-    if (bytes.capacity() < bytes.size() + n + padding)
+    if (bytes.capacity() < bytes.size() + n + padding) {
       bytes.reserve(2 * (bytes.size() + n) + padding);
+    }
     bytes.append(chunk, n);
-    if (Clock::now() > deadline) {
+    const Clock::time_point now = Clock::now();
+    if (now > deadline) {
       return absl::InvalidArgumentError(
           absl::StrCat("the body took too long to arrive (", bytes.size(), " bytes so far)"));
     }
+    want = now - start > std::chrono::milliseconds(20) ? 1 : std::min(kMaxRead, want * 2);
   }
   if (declared >= 0 && static_cast<int64_t>(bytes.size()) < declared) {
     return absl::InvalidArgumentError(
@@ -127,6 +139,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     server->tls_ = *std::move(loaded);
   }
   mg_init_library(tls ? MG_FEATURES_TLS : 0);
+  if (tls && !RepairCivetwebOpenSsl3()) {
+    return absl::FailedPreconditionError(
+        "this civetweb cannot serve TLS with this OpenSSL (SSL_get_peer_certificate missing)");
+  }
   const HttpServerOptions& o = server->options_;
   const std::string ports = o.listen + (tls ? "s" : "");
   const std::string threads = std::to_string(o.max_connections);
@@ -199,6 +215,14 @@ absl::Status HttpServer::Authenticate(const mg_connection* connection) const {
 int HttpServer::Handle(mg_connection* connection, void* self_ptr) {
   HttpServer& self = *static_cast<HttpServer*>(self_ptr);
   CivetExchange exchange(connection, self.closing_.load());
+  if (mg_get_request_info(connection)->num_headers >= MG_MAX_HEADERS) {
+    // civetweb keeps the first 64 and drops the rest silently: refuse rather than guess.
+    ReplyError(
+        exchange,
+        absl::InvalidArgumentError(absl::StrCat("more than ", MG_MAX_HEADERS - 1, " headers")),
+        /*close=*/true);
+    return 400;
+  }
   if (!absl::StartsWith(exchange.path(), "/v2/health/")) {
     if (absl::Status status = self.Authenticate(connection); !status.ok()) {
       self.failures_.Add(
