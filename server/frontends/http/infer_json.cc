@@ -208,20 +208,9 @@ absl::Status ReadHeader(ondemand::document& document, JsonRequest* request) {
       });
 }
 
-// Appends the numbers of `value` (nested arrays up to `depth` levels, or flat) to `out`,
-// at most `limit` of them.
+// Appends one number to `out` (FP32: the double rounded to float; INT32: an exact integer).
 template <typename T>
-absl::Status ReadNumbers(ondemand::value value, int depth, size_t limit, const JsonInput& input,
-                         std::vector<T>* out) {
-  ondemand::json_type type;
-  ATTNSERVE_JSON(value.type().get(type), "data");
-  if (type == ondemand::json_type::array) {
-    if (depth == 0) return Invalid(input.name, "data is nested deeper than its shape");
-    return ForEachItem(value, "data", [&](ondemand::value item) {
-      return ReadNumbers(item, depth - 1, limit, input, out);
-    });
-  }
-  if (out->size() >= limit) return Invalid(input.name, "data holds more values than its shape");
+absl::Status AppendNumber(ondemand::value value, const JsonInput& input, std::vector<T>* out) {
   if constexpr (std::is_same_v<T, float>) {
     double number = 0;
     ATTNSERVE_JSON(value.get_double().get(number), "FP32 data holds numbers");
@@ -231,6 +220,38 @@ absl::Status ReadNumbers(ondemand::value value, int depth, size_t limit, const J
     ATTNSERVE_JSON(value.get_int64().get(number), "INT32 data holds integers");
     if (number < INT32_MIN || number > INT32_MAX) return Invalid(input.name, "INT32 out of range");
     out->push_back(static_cast<int32_t>(number));
+  }
+  return absl::OkStatus();
+}
+
+// Appends the numbers of the array `value` (nested up to `depth` levels, or flat) to `out`, at
+// most `limit` of them. An array whose first element is a number is read as numbers only: the
+// loop over a tensor's values does nothing else.
+template <typename T>
+absl::Status ReadNumbers(ondemand::value value, int depth, size_t limit, const JsonInput& input,
+                         std::vector<T>* out) {
+  if (depth == 0) return Invalid(input.name, "data is nested deeper than its shape");
+  ondemand::array array;
+  ATTNSERVE_JSON(value.get_array().get(array), "data must be an array");
+  bool leaf = true, first = true;
+  for (auto element : array) {
+    ondemand::value item;
+    ATTNSERVE_JSON(element.get(item), "data");
+    if (first) {
+      ondemand::json_type type;
+      ATTNSERVE_JSON(item.type().get(type), "data");
+      leaf = type != ondemand::json_type::array;
+      first = false;
+    }
+    absl::Status status;
+    if (!leaf) {
+      status = ReadNumbers(item, depth - 1, limit, input, out);
+    } else if (out->size() >= limit) {
+      status = Invalid(input.name, "data holds more values than its shape");
+    } else {
+      status = AppendNumber(item, input, out);
+    }
+    if (!status.ok()) return status;
   }
   return absl::OkStatus();
 }
