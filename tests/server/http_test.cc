@@ -11,15 +11,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <bit>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +34,7 @@
 #include "nlohmann/json.hpp"
 #include "server/frontends/http/http_status.h"
 #include "server/frontends/oip/inference_service.h"
+#include "server/serving/too_large.h"
 #include "tests/common/certificates.h"
 #include "tests/server/http_client.h"
 #include "tests/server/test_util.h"
@@ -392,6 +396,7 @@ TEST(HttpStatusTest, EveryCodeHasItsStatus) {
   EXPECT_EQ(HttpStatus(absl::PermissionDeniedError("")), 403);
   EXPECT_EQ(HttpStatus(absl::NotFoundError("")), 404);
   EXPECT_EQ(HttpStatus(TooLarge("")), 413);
+  EXPECT_EQ(HttpStatus(MessageTooLarge("the reply would take")), 413);
   EXPECT_EQ(HttpStatus(absl::ResourceExhaustedError("queue full")), 429);
   EXPECT_EQ(HttpStatus(absl::UnavailableError("")), 503);
   EXPECT_EQ(HttpStatus(absl::DeadlineExceededError("")), 504);
@@ -457,6 +462,21 @@ TEST_F(HttpTest, APassedDeadlineIs504) {
   EXPECT_EQ(Infer(body, with_timeout).status, 504);
   with_timeout.back() = "Request-Timeout-Ms: 60000";
   EXPECT_EQ(Infer(body, with_timeout).status, 200);
+}
+
+TEST(HttpLimitsTest, AReplyOverTheLimitIs413) {
+  ServerOptions options = DemoOptions();
+  options.max_message_mib = 1;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  // A 1x2x256 call asking for its attention is small; 1x300 asks for 4x300x300 floats (1.4 MB).
+  Call call{{Tensor{"input", "FP32", {1, 300, kWidth}, Wave(300 * kWidth), {}}}};
+  call.return_attention = true;
+  const auto [body, headers] = ToRest(call, Form::kBinary, /*binary_output=*/true);
+  const HttpReply reply = HttpCall(
+      "POST", absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/demo/infer"), body,
+      headers);
+  EXPECT_EQ(reply.status, 413) << reply.body;
 }
 
 TEST(HttpLimitsTest, ABodyOverTheLimitIs413BeforeItIsRead) {
@@ -665,6 +685,57 @@ TEST(HttpSlowClientTest, ByteByByteHeadersAndBodiesAndIdleConnectionsAreCutOff) 
       RawExchange(port, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n", std::chrono::seconds(8));
   EXPECT_EQ(RawStatus(answer), 200);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// A rolling update over REST: callers keep calling through SIGTERM until the process is gone.
+// Each call is answered 200 (computed) or 503 (refused while draining, with Connection: close),
+// or finds no server once it exited; never another status.
+TEST(HttpDrainTest, EveryCallThroughSigtermIsAnsweredOkOrUnavailable) {
+  const std::string port_file = TempPath("http-drain.port");
+  const int http_port = FreePort();
+  ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--http-listen",
+                     absl::StrCat("127.0.0.1:", http_port), "--shutdown-grace", "5"},
+                    TempPath("http-drain.log"));
+  ASSERT_GT(child.WaitForPort(port_file, std::chrono::seconds(20)), 0) << child.Output();
+  const std::string url = absl::StrCat("http://127.0.0.1:", http_port, "/v2/models/demo/infer");
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<int, int> statuses;
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 16; ++i) {
+    callers.emplace_back([&, i] {
+      const std::string body = SmallCall(16 << (i % 3));
+      while (!stop.load()) {
+        const HttpReply reply = HttpCall("POST", url, body, {"Request-Timeout-Ms: 20000"});
+        std::lock_guard lock(mu);
+        ++statuses[reply.status];
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  child.Signal(SIGTERM);
+  const int exit_code = child.Wait(std::chrono::seconds(30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop.store(true);
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(exit_code, 0) << child.Output();
+  EXPECT_GT(statuses[200], 16) << "the load did not run before the signal";
+  EXPECT_GT(statuses[503], 0);
+  for (const auto& [status, count] : statuses) {
+    EXPECT_TRUE(status == 200 || status == 503 || status == 0) << count << " calls got " << status;
+  }
 }
 
 TEST(HttpOptionsTest, OffAndBadAddresses) {

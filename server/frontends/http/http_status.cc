@@ -3,12 +3,10 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "absl/strings/cord.h"
+#include "server/serving/too_large.h"
 
 namespace attnserve::server {
 namespace {
-
-constexpr absl::string_view kTooLargePayload = "attnserve.http/too-large";
 
 // The length of the UTF-8 sequence at the start of `text`, or 0 when it is not valid UTF-8.
 size_t Utf8SequenceLength(absl::string_view text) {
@@ -38,11 +36,7 @@ size_t Utf8SequenceLength(absl::string_view text) {
 
 }  // namespace
 
-absl::Status TooLarge(absl::string_view message) {
-  absl::Status status = absl::ResourceExhaustedError(message);
-  status.SetPayload(kTooLargePayload, absl::Cord("1"));
-  return status;
-}
+absl::Status TooLarge(absl::string_view message) { return MessageTooLarge(message); }
 
 int HttpStatus(const absl::Status& status) {
   switch (status.code()) {
@@ -62,7 +56,7 @@ int HttpStatus(const absl::Status& status) {
     case absl::StatusCode::kAlreadyExists:
       return 409;
     case absl::StatusCode::kResourceExhausted:
-      return status.GetPayload(kTooLargePayload).has_value() ? 413 : 429;
+      return IsMessageTooLarge(status) ? 413 : 429;
     case absl::StatusCode::kCancelled:
       return 499;
     case absl::StatusCode::kUnimplemented:

@@ -10,15 +10,15 @@
 
 namespace attnserve::server {
 
-// A ResourceExhausted status that means "the request is too large" (HTTP 413) rather than
-// "the server is full" (429): the frontend's body limit, and a reply over --max-message-mib.
+// A request body over the limit: MessageTooLarge (server/serving/too_large.h), HTTP 413.
 absl::Status TooLarge(absl::string_view message);
 
 // The HTTP status for `status`: 200 OK, 400 invalid argument (also failed precondition, out of
 // range), 401 unauthenticated, 403 permission denied, 404 not found, 409 aborted or already
 // exists, 413 too large (TooLarge), 429 a full queue or overload (resource exhausted: retry
 // later, elsewhere), 499 cancelled (the caller left), 501 unimplemented, 503 unavailable
-// (shutting down: a load balancer moves away), 504 deadline exceeded, 500 the rest.
+// (shutting down: a load balancer moves away), 504 deadline exceeded, 500 the rest. A request
+// or reply over --max-message-mib (IsMessageTooLarge) is 413.
 int HttpStatus(const absl::Status& status);
 
 // The protocol's error body, `{"error": "MESSAGE"}`.

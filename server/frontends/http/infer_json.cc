@@ -454,14 +454,21 @@ absl::Status ReadJsonData(ondemand::document& document, const JsonRequest& reque
   });
 }
 
+HttpOutput Output(std::string name, bool binary) {
+  HttpOutput output;
+  output.name = std::move(name);
+  output.binary = binary;
+  return output;
+}
+
 // The reply's outputs: those named (each once, each one of ours), or `output` and, with
 // return_attention, `attention`.
 absl::Status ChooseOutputs(const JsonRequest& request, DecodedHttpInfer* decoded) {
   decoded->outputs.clear();
   if (request.outputs.empty()) {
-    decoded->outputs.push_back({.name = kInferOutput, .binary = request.binary_output});
+    decoded->outputs.push_back(Output(kInferOutput, request.binary_output));
     if (request.return_attention) {
-      decoded->outputs.push_back({.name = kInferAttention, .binary = request.binary_output});
+      decoded->outputs.push_back(Output(kInferAttention, request.binary_output));
     }
     return absl::OkStatus();
   }
@@ -476,7 +483,7 @@ absl::Status ChooseOutputs(const JsonRequest& request, DecodedHttpInfer* decoded
         return absl::InvalidArgumentError(absl::StrCat("output '", name, "' requested twice"));
       }
     }
-    decoded->outputs.push_back({.name = name, .binary = binary.value_or(request.binary_output)});
+    decoded->outputs.push_back(Output(name, binary.value_or(request.binary_output)));
   }
   return absl::OkStatus();
 }
