@@ -429,6 +429,10 @@ TEST_F(HttpTest, RefusalsHaveTheirStatusAndAnErrorMessage) {
        400},
       {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,256],"data":["1"]}]})", 400},
       {R"({"inputs":[]} {"trailing":1})", 400},
+      {R"({"unknown":[1,,2],"inputs":[]})", 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shap2":,"shape":[1,1,2],"data":[1,2]}]})",
+       400},
+      {R"({"inputs":[],"inputs":[]})", 400},
       {R"({"parameters":{"kind":"sideways"},"inputs":[]})", 400},
       {std::string(100000, '[') + std::string(100000, ']'), 400},
       {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,2],"data":)" +

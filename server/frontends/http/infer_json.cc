@@ -101,6 +101,44 @@ absl::Status ForEachItem(ondemand::value value, absl::string_view where, F&& on_
   return absl::OkStatus();
 }
 
+// Reads a value nobody uses (an unknown key's) through, so that it is checked too: on-demand
+// parsing checks only what it reads, and malformed JSON is refused wherever it is.
+absl::Status CheckValue(ondemand::value value, int depth = 0) {
+  if (depth > 64) return absl::InvalidArgumentError("malformed JSON: nested too deep");
+  ondemand::json_type type;
+  ATTNSERVE_JSON(value.type().get(type), "a value");
+  switch (type) {
+    case ondemand::json_type::object:
+      return ForEachField(value, "an object", [&](std::string_view, ondemand::value item) {
+        return CheckValue(item, depth + 1);
+      });
+    case ondemand::json_type::array:
+      return ForEachItem(value, "an array",
+                         [&](ondemand::value item) { return CheckValue(item, depth + 1); });
+    case ondemand::json_type::number: {
+      double number = 0;
+      ATTNSERVE_JSON(value.get_double().get(number), "a number");
+      return absl::OkStatus();
+    }
+    case ondemand::json_type::string: {
+      std::string_view text;
+      ATTNSERVE_JSON(value.get_string().get(text), "a string");
+      return absl::OkStatus();
+    }
+    case ondemand::json_type::boolean: {
+      bool flag = false;
+      ATTNSERVE_JSON(value.get_bool().get(flag), "a boolean");
+      return absl::OkStatus();
+    }
+    default: {
+      bool null = false;
+      ATTNSERVE_JSON(value.is_null().get(null), "a value");
+      if (!null) return absl::InvalidArgumentError("malformed JSON: not a value");
+      return absl::OkStatus();
+    }
+  }
+}
+
 // The request's `parameters`: kind, return_attention, binary_data_output; others are ignored
 // as the gRPC form ignores them.
 absl::Status ReadParameters(ondemand::value value, JsonRequest* request) {
@@ -117,6 +155,8 @@ absl::Status ReadParameters(ondemand::value value, JsonRequest* request) {
       absl::StatusOr<bool> flag = Bool(item, "parameter 'binary_data_output' must be a bool");
       if (!flag.ok()) return flag.status();
       request->binary_output = *flag;
+    } else {
+      return CheckValue(item);
     }
     return absl::OkStatus();
   });
@@ -137,7 +177,14 @@ absl::Status ReadShape(ondemand::value value, JsonInput* input) {
 // One element of `inputs`, without its data.
 absl::Status ReadInput(ondemand::value value, JsonRequest* request) {
   JsonInput& input = request->inputs.emplace_back();
+  std::vector<std::string> seen;
   return ForEachField(value, "inputs", [&](std::string_view key, ondemand::value item) {
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return Invalid(input.name,
+                     absl::StrCat("key '", Clipped(absl::string_view(key.data(), key.size())),
+                                  "' given twice"));
+    }
+    seen.emplace_back(key);
     absl::Status status;
     if (key == "name") {
       absl::StatusOr<std::string> name = String(item, "an input's name must be a string");
@@ -153,13 +200,15 @@ absl::Status ReadInput(ondemand::value value, JsonRequest* request) {
       input.has_data = true;  // read in the second pass, once the datatype is known
     } else if (key == "parameters") {
       status = ForEachField(item, "parameters", [&](std::string_view name, ondemand::value p) {
-        if (name != "binary_data_size") return absl::OkStatus();
+        if (name != "binary_data_size") return CheckValue(p);
         int64_t size = 0;
         ATTNSERVE_JSON(p.get_int64().get(size), "binary_data_size must be an integer");
         if (size < 0) return Invalid(input.name, "binary_data_size must be >= 0");
         input.binary_size = size;
         return absl::OkStatus();
       });
+    } else {
+      status = CheckValue(item);
     }
     return status;
   });
@@ -167,16 +216,19 @@ absl::Status ReadInput(ondemand::value value, JsonRequest* request) {
 
 // One element of `outputs`: a name and, maybe, parameters.binary_data.
 absl::Status ReadOutput(ondemand::value value, JsonRequest* request) {
-  auto& [name, binary] = request->outputs.emplace_back();
+  // References, not a structured binding: clang-14 (the fuzz build) cannot capture one.
+  auto& output = request->outputs.emplace_back();
+  std::string& name = output.first;
+  std::optional<bool>& binary = output.second;
   return ForEachField(value, "outputs", [&](std::string_view key, ondemand::value item) {
     if (key == "name") {
       absl::StatusOr<std::string> text = String(item, "an output's name must be a string");
       if (text.ok()) name = *std::move(text);
       return text.status();
     }
-    if (key != "parameters") return absl::OkStatus();
+    if (key != "parameters") return CheckValue(item);
     return ForEachField(item, "parameters", [&](std::string_view p, ondemand::value flag) {
-      if (p != "binary_data") return absl::OkStatus();
+      if (p != "binary_data") return CheckValue(flag);
       absl::StatusOr<bool> on = Bool(flag, "binary_data must be a bool");
       if (on.ok()) binary = *on;
       return on.status();
@@ -188,8 +240,15 @@ absl::Status ReadOutput(ondemand::value value, JsonRequest* request) {
 absl::Status ReadHeader(ondemand::document& document, JsonRequest* request) {
   ondemand::value root;
   ATTNSERVE_JSON(document.get_value().get(root), "the request");
+  std::vector<std::string> seen;
   return ForEachField(
       root, "the request must be an object", [&](std::string_view key, ondemand::value item) {
+        // The second pass finds `inputs` by name: a repeated key would make the passes disagree.
+        if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "key '", Clipped(absl::string_view(key.data(), key.size())), "' given twice"));
+        }
+        seen.emplace_back(key);
         if (key == "id") {
           absl::StatusOr<std::string> id = String(item, "id must be a string");
           if (id.ok()) request->id = *std::move(id);
@@ -204,7 +263,7 @@ absl::Status ReadHeader(ondemand::document& document, JsonRequest* request) {
           return ForEachItem(item, "outputs must be an array",
                              [&](ondemand::value output) { return ReadOutput(output, request); });
         }
-        return absl::OkStatus();
+        return CheckValue(item);
       });
 }
 
@@ -441,6 +500,9 @@ absl::Status ReadJsonData(ondemand::document& document, const JsonRequest& reque
   ATTNSERVE_JSON(document["inputs"].get(inputs), "inputs");
   size_t index = 0;
   return ForEachItem(inputs, "inputs", [&](ondemand::value item) {
+    if (index >= request.inputs.size()) {
+      return absl::InvalidArgumentError("malformed JSON: the inputs changed between reads");
+    }
     const JsonInput& input = request.inputs[index++];
     if (!input.has_data) return absl::OkStatus();
     for (int slot = 0; slot < 4; ++slot) {
