@@ -37,6 +37,7 @@
 #include "server/serving/too_large.h"
 #include "tests/common/certificates.h"
 #include "tests/server/http_client.h"
+#include "tests/server/scrape.h"
 #include "tests/server/test_util.h"
 
 namespace attnserve::server::testing {
@@ -740,6 +741,33 @@ TEST(HttpDrainTest, EveryCallThroughSigtermIsAnsweredOkOrUnavailable) {
   for (const auto& [status, count] : statuses) {
     EXPECT_TRUE(status == 200 || status == 503 || status == 0) << count << " calls got " << status;
   }
+}
+
+// The one CallReporter counts REST calls in the same series as gRPC's.
+TEST(HttpMetricsTest, RestAndGrpcCallsAreCountedTogether) {
+  ServerOptions options = DemoOptions();
+  options.metrics_listen = "127.0.0.1:0";
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const Call call{{Tensor{"input", "FP32", {1, 3, kWidth}, Wave(3 * kWidth), {}}}, "causal"};
+  const std::string base = absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/");
+  for (int i = 0; i < 2; ++i) {
+    const auto [body, headers] = ToRest(call, Form::kFlat);
+    ASSERT_EQ(HttpCall("POST", base + "demo/infer", body, headers).status, 200);
+  }
+  EXPECT_EQ(HttpCall("POST", base + "nope/infer", SmallCall(), {}).status, 404);
+  auto stub = inference::GRPCInferenceService::NewStub(Connect(server->port()));
+  grpc::ClientContext context;
+  ModelInferResponse response;
+  ASSERT_TRUE(stub->ModelInfer(&context, ToGrpc(call), &response).ok());
+  absl::StatusOr<std::map<std::string, double>> series = Scrape(server->metrics_port());
+  ASSERT_TRUE(series.ok()) << series.status();
+  EXPECT_EQ((*series)[SeriesKey("attnserve_requests_total",
+                                {{"model", "demo"}, {"kind", "causal"}, {"code", "OK"}})],
+            3);
+  EXPECT_EQ((*series)[SeriesKey("attnserve_requests_total",
+                                {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}})],
+            1);
 }
 
 TEST(HttpOptionsTest, OffAndBadAddresses) {
