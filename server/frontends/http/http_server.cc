@@ -17,10 +17,6 @@
 namespace attnserve::server {
 namespace {
 
-// The library's log lines (a failed handshake, a malformed request) are summarised: a flood of
-// bad connections is counted, not written line by line.
-LogSummarizer* library_log = nullptr;
-
 // One request on a civetweb connection, as the handlers see it.
 class CivetExchange final : public HttpExchange {
  public:
@@ -169,7 +165,6 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   mg_callbacks callbacks{};
   callbacks.log_message = &HttpServer::LogMessage;
   if (tls) callbacks.init_ssl = &HttpServer::InitTls;
-  library_log = &server->failures_;
   server->context_ = mg_start(&callbacks, server.get(), civet_options);
   if (server->context_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen, " (--http-listen)"));
@@ -196,10 +191,17 @@ int HttpServer::InitTls(void* ssl_ctx, void* self) {
   return static_cast<HttpServer*>(self)->tls_->Configure(ssl_ctx) ? 1 : -1;
 }
 
-int HttpServer::LogMessage(const mg_connection* /*connection*/, const char* message) {
-  if (library_log != nullptr) {
-    library_log->Add(LogLevel::kInfo, "http library", "HTTP connection failed",
-                     {{"error", Clipped(message)}});
+int HttpServer::LogMessage(const mg_connection* connection, const char* message) {
+  // A connection's lines (a failed handshake, a malformed request) are summarised in its
+  // server's log: a flood of bad connections is counted, not written line by line.
+  if (connection == nullptr) {
+    Log(LogLevel::kWarn, "HTTP server", {{"error", Clipped(message)}});
+    return 1;
+  }
+  auto* self = static_cast<HttpServer*>(mg_get_user_data(mg_get_context(connection)));
+  if (self != nullptr) {
+    self->failures_.Add(LogLevel::kInfo, "http library", "HTTP connection failed",
+                        {{"error", Clipped(message)}});
   }
   return 1;
 }
