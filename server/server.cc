@@ -369,6 +369,12 @@ void Server::LogSummary(const ServerOptions& options) const {
         "network",
         {{"address", address_}});
   }
+  if (!tls && http_port_ != 0 && !IsLoopback(options.http_listen)) {
+    Log(LogLevel::kWarn,
+        "PLAINTEXT REST port on a non-loopback address: use --tls-cert/--tls-key (and "
+        "--auth-token-file) outside a trusted network, or --http-listen off",
+        {{"address", options.http_listen}, {"port", http_port_}});
+  }
   for (const auto& model : registry_->models()) {
     Log(LogLevel::kInfo, "model loaded", SummaryFields(model->summary));
   }
