@@ -2,7 +2,7 @@
 # runtime stage carries the two binaries and their runtime libraries only, as a non-root user.
 #
 #   deploy/docker-build.sh                            (docker or podman; see there)
-#   podman run --rm -p 50051:50051 attnserve          (serves the built-in demo model)
+#   podman run --rm -p 50051:50051 -p 8000:8000 attnserve   (the built-in demo model; REST on 8000)
 #   podman run --rm -p 50051:50051 -v /path/to/my.safetensors:/models/my.safetensors:ro \
 #     attnserve --listen 0.0.0.0:50051 --model my=/models/my.safetensors:num_heads=8
 #
@@ -24,12 +24,14 @@ RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DATTNSERVE_BUILD_TESTS=OFF 
 
 FROM ${RUNTIME_IMAGE}
 # The shared libraries the two binaries link (found with ldd + dpkg -S); apt adds what they
-# depend on (libgrpc29, abseil, c-ares, re2, OpenSSL, zlib).
+# depend on (libgrpc29, abseil, c-ares, re2, OpenSSL, zlib). libssl-dev for one file: civetweb
+# loads OpenSSL at run time as "libssl.so", the name only the -dev package installs (TLS on
+# the REST port).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libdnnl2 ocl-icd-libopencl1 libgomp1 \
       libgrpc++1.51 libprotobuf32 libspdlog1.10 libfmt9 \
-      libprometheus-cpp-core1.0 \
+      libprometheus-cpp-core1.0 libcivetweb1 libsimdjson14 libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 # Nothing in the image is world-writable (the base's /tmp, /var/tmp and /run/lock are): the server
 # writes no files but an optional --port-file, so a compromised process has nowhere to drop one.
@@ -48,7 +50,7 @@ COPY --from=build /build/server/attnserve /build/client/attnserve-client /usr/lo
 USER 10001:10001
 # Weights are mounted here (read-only is enough); without --model the demo layer is served.
 WORKDIR /models
-EXPOSE 50051 8002 8081
+EXPOSE 50051 8000 8002 8081
 # The HEALTHCHECK asks the plaintext health-only port, so it keeps working when the main port
 # serves TLS or asks for tokens; arguments that replace CMD should keep --health-listen.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \

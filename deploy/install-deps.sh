@@ -35,6 +35,7 @@ packages=(
   libprotobuf-dev protobuf-compiler             # protobuf 3.21
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
   prometheus-cpp-dev                            # /metrics (prometheus-cpp 1.0 with civetweb)
+  libcivetweb-dev libsimdjson-dev libssl-dev    # the REST port: civetweb 1.15, simdjson 3.0, its TLS
   python3 python3-grpcio python3-numpy          # the Python client example and its test
 )
 # What only the test suites need (deploy/test.sh); one group per suite.
@@ -48,6 +49,8 @@ test_packages=(
   # runtime clang links, llvm-symbolizer for readable reports
   clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
   clang-format-14                               # deploy/check-format.sh (clang-14 does not bring it)
+  curl libcurl4-openssl-dev                     # the REST port's tests: curl (README's example), libcurl (TLS calls)
+  rapidjson-dev                                 # tests/bench/json_bench: the JSON parsers compared
 )
 (( with_test )) && packages+=("${test_packages[@]}")
 # Debian's torch calls the system BLAS; without OpenBLAS that is netlib's reference BLAS (~1 GFLOP/s),

@@ -44,7 +44,7 @@ start_replica() {
   local name=$1 listen=$2; shift 2
   rm -f "$WORK/$name.port"
   "$SERVER" --listen "$listen" --port-file "$WORK/$name.port" --threads 1 \
-    --log-level debug --log-format json --metrics-listen off "$@" >"$WORK/$name.log" 2>&1 &
+    --log-level debug --log-format json --metrics-listen off --http-listen off "$@" >"$WORK/$name.log" 2>&1 &
   pid[$name]=$!; started+=($!); disown  # no "Killed" notice from bash when the test kills it
   for _ in $(seq 1 300); do
     [[ -s "$WORK/$name.port" ]] && { port[$name]=$(cat "$WORK/$name.port"); return; }

@@ -45,6 +45,9 @@ struct Flags {
   double handshake_timeout_s = 10;
   std::string model_control_mode = "none";
   double repository_poll_secs = 15;
+  double http_header_timeout_s = 10;
+  double http_body_timeout_s = 30;
+  double http_idle_timeout_s = 5;
 };
 
 void AddFlags(CLI::App& app, Flags& flags) {
@@ -66,6 +69,25 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "Tokens, one a line: every scrape needs 'Authorization: Bearer TOKEN' (else "
                  "HTTP 401); re-read when the file changes. Separate from --auth-token-file, "
                  "so a scraper's token cannot call the model");
+  app.add_option("--http-listen", o.http_listen,
+                 "HOST:PORT serving the Open Inference Protocol over HTTP/REST (with --listen's "
+                 "TLS, tokens and limits); '' or off: none")
+      ->capture_default_str();
+  app.add_option("--http-max-connections", o.http_max_connections,
+                 "REST connections served at once (a thread each); more wait to be accepted")
+      ->capture_default_str();
+  app.add_option("--http-header-timeout", flags.http_header_timeout_s,
+                 "Seconds a REST request's line and headers have to arrive")
+      ->check(CLI::Range(0.001, 2e6))
+      ->capture_default_str();
+  app.add_option("--http-body-timeout", flags.http_body_timeout_s,
+                 "Seconds a REST request's body has to arrive")
+      ->check(CLI::Range(0.001, 2e6))
+      ->capture_default_str();
+  app.add_option("--http-idle-timeout", flags.http_idle_timeout_s,
+                 "Seconds an idle REST keep-alive connection stays open")
+      ->check(CLI::Range(0.001, 2e6))
+      ->capture_default_str();
   app.add_option("--model", flags.models, kModelHelp);
   app.add_option("--model-repository", o.model_repository,
                  "A model repository in Triton's layout: DIR/NAME/VERSION/model.safetensors and "
@@ -247,6 +269,9 @@ absl::Status ApplyFlags(Flags& flags) {
   flags.options.model_control_mode = *mode;
   flags.options.repository_poll_interval =
       std::chrono::milliseconds(static_cast<int64_t>(flags.repository_poll_secs * 1000));
+  flags.options.http_header_timeout_ms = static_cast<int>(flags.http_header_timeout_s * 1000);
+  flags.options.http_body_timeout_ms = static_cast<int>(flags.http_body_timeout_s * 1000);
+  flags.options.http_idle_timeout_ms = static_cast<int>(flags.http_idle_timeout_s * 1000);
   flags.options.on_listener_lost = [] {
     listener_lost.store(true);
     kill(getpid(), SIGUSR1);
@@ -308,7 +333,7 @@ int main(int argc, char** argv) {
   const sigset_t signals = BlockSignals();
   CLI::App app{
       "attnserve: serves the forward pass of trained multi-head attention layers "
-      "over gRPC (attnserve.v1.AttentionService)"};
+      "over gRPC (attnserve.v1.AttentionService, the Open Inference Protocol) and HTTP/REST"};
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);

@@ -133,6 +133,16 @@ absl::Status CheckOptions(const ServerOptions& options) {
   if (options.metrics_tls == "on" && options.tls.cert.empty()) {
     return absl::InvalidArgumentError("--metrics-tls on needs --tls-cert and --tls-key");
   }
+  if (!HttpOff(options.http_listen) && !IsHostPort(options.http_listen)) {
+    return absl::InvalidArgumentError(absl::StrCat("--http-listen '", options.http_listen,
+                                                   "': expected HOST:PORT (PORT 0..65535) or off"));
+  }
+  if (options.http_max_connections <= 0 || options.http_max_connections > 65536 ||
+      options.http_header_timeout_ms <= 0 || options.http_body_timeout_ms <= 0 ||
+      options.http_idle_timeout_ms <= 0) {
+    return absl::InvalidArgumentError(
+        "--http-max-connections must be in 1..65536 and the HTTP timeouts positive");
+  }
   if (options.max_message_mib <= 0 || options.max_message_mib > 2047) {
     return absl::InvalidArgumentError("--max-message-mib must be in 1..2047");
   }

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/frontends/http/http_server.h"
 #include "server/serving/model_config.h"
 #include "server/serving/repository.h"
 #include "server/serving/scheduler.h"
@@ -22,6 +23,15 @@ inline constexpr absl::string_view kDefaultMetricsListen = "0.0.0.0:8002";
 // True when `metrics_listen` turns metrics off ("" or "off").
 inline bool MetricsOff(absl::string_view metrics_listen) {
   return metrics_listen.empty() || metrics_listen == "off";
+}
+
+// Where the Open Inference Protocol's REST form is served unless --http-listen says otherwise
+// (Triton's and KServe's port).
+inline constexpr absl::string_view kDefaultHttpListen = "0.0.0.0:8000";
+
+// True when `http_listen` turns the REST port off ("" or "off").
+inline bool HttpOff(absl::string_view http_listen) {
+  return http_listen.empty() || http_listen == "off";
 }
 
 // Everything the server is configured with; main fills it from the command line.
@@ -80,6 +90,17 @@ struct ServerOptions {
   std::string metrics_tls = "auto";
   // Bearer tokens a scrape must present, one a line, when set (re-read when the file changes).
   std::string metrics_token_file;
+  // HOST:PORT of the REST port (the Open Inference Protocol over HTTP/1.1, with the main port's
+  // TLS, tokens and --max-message-mib); "" or "off": none.
+  std::string http_listen = std::string(kDefaultHttpListen);
+  // REST connections served at once (one thread each); more wait in the listen queue.
+  int http_max_connections = HttpServerOptions{}.max_connections;
+  // A REST request's line and headers must arrive within this.
+  int http_header_timeout_ms = HttpServerOptions{}.header_timeout_ms;
+  // A REST request's body must arrive within this, from its first byte.
+  int http_body_timeout_ms = HttpServerOptions{}.body_timeout_ms;
+  // A REST keep-alive connection without a request for this long is closed.
+  int http_idle_timeout_ms = HttpServerOptions{}.idle_timeout_ms;
 };
 
 // True when the metrics port serves TLS (--metrics-tls, given the main port's certificate).

@@ -16,6 +16,7 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/frontends/http/oip_routes.h"
 #include "server/observability/log_setup.h"
 #include "server/observability/metrics.h"
 #include "server/transport/credentials.h"
@@ -199,6 +200,7 @@ absl::Status Server::Init(const ServerOptions& options) {
       std::make_unique<InferenceService>(admission_.get(), admin_.get(), sequences_.get());
   if (absl::Status status = StartMainPort(options); !status.ok()) return status;
   if (absl::Status status = StartHealthPort(options); !status.ok()) return status;
+  if (absl::Status status = StartHttpPort(options); !status.ok()) return status;
   SetServing(true);
   if (!options.port_file.empty()) {
     if (absl::Status status = WritePortFile(options.port_file, port_); !status.ok()) return status;
@@ -265,6 +267,37 @@ absl::Status Server::StartHealthPort(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
+absl::Status Server::StartHttpPort(const ServerOptions& options) {
+  if (HttpOff(options.http_listen)) return absl::OkStatus();
+  HttpRouter router;
+  AddOipRoutes(admission_.get(),
+               {.max_bytes = MaxMessageBytes(options),
+                .read_time = std::chrono::milliseconds(options.http_body_timeout_ms)},
+               &router);
+  // Extensions that come with the repository and sessions add their routes here.
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      HttpServer::Start({.listen = options.http_listen,
+                         .tls = options.tls,
+                         .auth = auth_,
+                         .max_connections = options.http_max_connections,
+                         .header_timeout_ms = options.http_header_timeout_ms,
+                         .body_timeout_ms = options.http_body_timeout_ms,
+                         .idle_timeout_ms = options.http_idle_timeout_ms},
+                        std::move(router));
+  if (http.ok()) {
+    http_server_ = *std::move(http);
+    http_port_ = http_server_->port();
+  } else if (options.http_listen == kDefaultHttpListen &&
+             http.status().code() == absl::StatusCode::kUnavailable) {
+    // As for metrics: only the default may be busy (a second server on the machine).
+    Log(LogLevel::kWarn, "serving without the REST port: pass --http-listen HOST:PORT (or off)",
+        {{"error", std::string(http.status().message())}});
+  } else {
+    return http.status();
+  }
+  return absl::OkStatus();
+}
+
 void Server::StartWatchers(const ServerOptions& options) {
   if (auth_ != nullptr || admin_tokens_ != nullptr) {
     token_reloader_ = std::make_unique<PeriodicThread>(kTokenPollInterval, [this] {
@@ -319,12 +352,15 @@ void Server::DrainLocked(std::chrono::milliseconds grace, std::chrono::milliseco
   // Load balancers first, so they stop sending; then refuse what still arrives.
   SetServing(false);
   admission_->StopAccepting();
+  // REST replies from now on say Connection: close, so keep-alive clients reconnect elsewhere.
+  if (http_server_ != nullptr) http_server_->CloseConnections();
   registry_->Drain(start + grace);
   // The lame duck counts from the end of the drain: however long the drain took, a call that
   // arrives now is still refused UNAVAILABLE by the service, not cut by gRPC's shutdown.
   std::this_thread::sleep_for(lame_duck);
   // main exits without destructors: what the summaries still count is written now.
   reporter_->FlushLog();
+  if (http_server_ != nullptr) http_server_->FlushLog();
   FlushLibraryLogs();
   Log(LogLevel::kInfo, "drained", {{"address", address_}});
 }
@@ -342,6 +378,7 @@ void Server::Shutdown(std::chrono::milliseconds grace, std::chrono::milliseconds
     health_server_->Shutdown(std::chrono::system_clock::now());
     health_server_->Wait();
   }
+  if (http_server_ != nullptr) http_server_->Stop();
   Log(LogLevel::kInfo, "stopped", {{"address", address_}});
 }
 
@@ -372,6 +409,7 @@ void Server::LogSummary(const ServerOptions& options) const {
        {"transport", tls ? (options.tls.client_ca.empty() ? "tls" : "mtls") : "plaintext"},
        {"auth", auth_ != nullptr ? "bearer tokens" : "none"},
        {"health_port", health_port_},
+       {"http_port", http_port_},
        {"metrics_port", metrics_port_},
        {"models", static_cast<int64_t>(registry_->ReadyVersions().size())},
        {"model_repository", options.model_repository},
@@ -405,6 +443,12 @@ void Server::LogSummary(const ServerOptions& options) const {
                                   ":", metrics_port_)},
          {"transport", metrics_tls ? "tls" : "plaintext"},
          {"auth", metrics_tokens ? "bearer tokens" : "none"}});
+  }
+  if (!tls && http_port_ != 0 && !IsLoopback(options.http_listen)) {
+    Log(LogLevel::kWarn,
+        "PLAINTEXT REST port on a non-loopback address: use --tls-cert/--tls-key (and "
+        "--auth-token-file) outside a trusted network, or --http-listen off",
+        {{"address", options.http_listen}, {"port", http_port_}});
   }
   for (const VersionHandle& version : registry_->ReadyVersions()) {
     std::vector<LogField> fields = SummaryFields(version->summary);

@@ -9,6 +9,7 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 #include "server/base/periodic_thread.h"
+#include "server/frontends/http/http_server.h"
 #include "server/frontends/oip/inference_service.h"
 #include "server/frontends/v1/attention_service.h"
 #include "server/observability/metrics.h"
@@ -48,6 +49,9 @@ class Server {
   // The port /metrics is served on; 0 when metrics are off or could not bind the default.
   int metrics_port() const { return metrics_port_; }
 
+  // The REST port bound (--http-listen); 0 when off, or the default was busy.
+  int http_port() const { return http_port_; }
+
   // HOST:PORT as bound.
   const std::string& address() const { return address_; }
 
@@ -86,6 +90,7 @@ class Server {
   void StartWatchers(const ServerOptions& options);
   void SetServing(bool serving);
   absl::Status StartMetrics(const ServerOptions& options);
+  absl::Status StartHttpPort(const ServerOptions& options);
   void LogSummary(const ServerOptions& options) const;
 
   // Declared first: the schedulers and the service record into it until they are gone.
@@ -105,6 +110,8 @@ class Server {
   std::unique_ptr<grpc::CallbackGenericService> health_refusal_;
   std::unique_ptr<grpc::Server> health_server_;  // null without --health-listen
   std::unique_ptr<ListenerWatchdog> watchdog_;
+  std::unique_ptr<HttpServer> http_server_;  // null with --http-listen off
+  int http_port_ = 0;
   int port_ = 0;
   int health_port_ = 0;
   std::string address_;

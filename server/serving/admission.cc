@@ -4,6 +4,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "server/serving/too_large.h"
 
 namespace attnserve::server {
 
@@ -74,9 +75,9 @@ absl::Status Admission::Queue(Job* job, ServedModel& model) {
   if (absl::Status status = layer.Validate(job->args()); !status.ok()) return status;
   const int64_t bytes = job->ReplyBytes(layer.Shapes(job->args()));
   if (bytes > max_reply_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat("the reply would take ", bytes,
-                                                     " bytes, over the limit of ", max_reply_bytes_,
-                                                     " (--max-message-mib)"));
+    return MessageTooLarge(absl::StrCat("the reply would take ", bytes,
+                                        " bytes, over the limit of ", max_reply_bytes_,
+                                        " (--max-message-mib)"));
   }
   return model.scheduler->Submit(job);
 }

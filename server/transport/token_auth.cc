@@ -95,25 +95,34 @@ bool TokenAuthenticator::Accepts(absl::string_view presented) const {
   return match;
 }
 
+absl::Status TokenAuthenticator::Check(const absl::string_view* authorization) const {
+  if (authorization == nullptr) {
+    return absl::UnauthenticatedError("missing 'authorization: Bearer TOKEN' metadata");
+  }
+  if (!absl::StartsWith(*authorization, kBearer)) {
+    return absl::UnauthenticatedError("the authorization metadata must be 'Bearer TOKEN'");
+  }
+  if (!Accepts(authorization->substr(kBearer.size()))) {
+    return absl::UnauthenticatedError("unknown bearer token");
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status TokenAuthenticator::Process(const InputMetadata& auth_metadata,
                                          grpc::AuthContext* /*context*/,
                                          OutputMetadata* consumed_auth_metadata,
                                          OutputMetadata* /*response_metadata*/) {
   auto header = auth_metadata.find("authorization");
-  if (header == auth_metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing 'authorization: Bearer TOKEN' metadata");
-  }
-  const absl::string_view value(header->second.data(), header->second.size());
-  if (!absl::StartsWith(value, kBearer)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the authorization metadata must be 'Bearer TOKEN'");
-  }
-  const absl::string_view presented = value.substr(kBearer.size());
+  absl::string_view value;
+  if (header != auth_metadata.end()) value = {header->second.data(), header->second.size()};
   // An admin token passes and stays on the call: the repository API checks it again.
-  if (admin_ != nullptr && admin_->Accepts(presented)) return grpc::Status::OK;
-  if (!Accepts(presented)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown bearer token");
+  if (admin_ != nullptr && absl::StartsWith(value, kBearer) &&
+      admin_->Accepts(value.substr(kBearer.size()))) {
+    return grpc::Status::OK;
+  }
+  const absl::Status status = Check(header != auth_metadata.end() ? &value : nullptr);
+  if (!status.ok()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(status.message()));
   }
   // Handlers never see the token, so nothing downstream can log it.
   consumed_auth_metadata->emplace("authorization", std::string(value));

@@ -50,6 +50,10 @@ class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
   // Calls presenting a token of `admin` (--admin-token-file) are let through too, and their
   // header is left on the call for the repository API to check (AdminAuthorizer).
   void AlsoAccept(std::shared_ptr<TokenAuthenticator> admin) { admin_ = std::move(admin); }
+  // The check itself, for any protocol: OK when `authorization` (the header's value, absent:
+  // nullptr) is `Bearer TOKEN` naming a current token, else Unauthenticated saying what is
+  // wrong (never the token). Process (gRPC metadata) and the HTTP frontend both call it.
+  absl::Status Check(const absl::string_view* authorization) const;
 
   // Checks without blocking, on gRPC's own thread.
   bool IsBlocking() const override { return false; }

@@ -9,7 +9,8 @@ with the reason it cannot run in a test; anything else fails, so a new block is 
   <!-- runnable: server -->       a test server runs first, on a free loopback port; the block's
                                   `localhost:50051` is that server: the text is replaced by its
                                   address, and attnserve-client and client/python/*.py called
-                                  without --target are given it
+                                  without --target are given it; `localhost:8000` (the REST
+                                  port) is replaced by its REST port's address
   <!-- runnable: server FLAGS --> the same, the server started with FLAGS too (relative paths
                                   are read in the page's directory, see below)
 
@@ -25,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -192,6 +194,7 @@ class Servers:
         self.build, self.directory, self.running = build, directory, {}
 
     def address(self, flags):
+        """The server's gRPC address and its REST port's."""
         key = tuple(flags)
         if key not in self.running:
             self.running[key] = self.start(flags, len(self.running))
@@ -200,8 +203,12 @@ class Servers:
     def start(self, flags, index):
         port_file = os.path.join(self.directory, f".server{index}.port")
         log = open(os.path.join(self.directory, f".server{index}.log"), "w")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            http = f"127.0.0.1:{s.getsockname()[1]}"
         command = [os.path.join(self.build, "server", "attnserve"), "--listen", "127.0.0.1:0",
-                   "--port-file", port_file, "--metrics-listen", "off", *flags]
+                   "--port-file", port_file, "--metrics-listen", "off", "--http-listen", http,
+                   *flags]
         process = subprocess.Popen(command, cwd=self.directory, stdout=log,
                                    stderr=subprocess.STDOUT)
         deadline = time.monotonic() + SERVER_START_SECONDS
@@ -210,7 +217,7 @@ class Servers:
                 with open(port_file) as f:
                     port = f.read().strip()
                 if port:
-                    return process, f"127.0.0.1:{port.rsplit(':', 1)[-1]}"
+                    return process, (f"127.0.0.1:{port.rsplit(':', 1)[-1]}", http)
             time.sleep(0.05)
         process.kill()
         process.wait()
@@ -229,12 +236,13 @@ class Servers:
         self.running = {}
 
 
-def script(block, directory, address):
-    """The block as bash runs it: continuations joined, /tmp moved, the server's address in."""
+def script(block, directory, addresses):
+    """The block as bash runs it: continuations joined, /tmp moved, the server's addresses in."""
     text = block.text.replace("\\\n", " ")
     text = re.sub(r"(?<![\w.-])/tmp/", os.path.join(directory, "tmp") + "/", text)
-    if address is not None:
-        text = text.replace("localhost:50051", address)
+    if addresses is not None:
+        address, http = addresses
+        text = text.replace("localhost:50051", address).replace("localhost:8000", http)
         text = re.sub(r"(client/python/\w+\.py)(?![^\n]*--target)", rf"\1 --target {address}", text)
     return text
 
@@ -245,11 +253,11 @@ def run(block, directory, servers, build, verbose):
     env.pop("ATTNSERVE_TOKEN", None)
     env.pop("ATTNSERVE_DOCS_TARGET", None)
     env["ATTNSERVE_PY_STUBS"] = os.path.join(build, "python")
-    address = None
+    addresses = None
     if block.marker:  # "server [FLAGS]"
-        address = servers.address(block.marker.split()[1:])
-        env["ATTNSERVE_DOCS_TARGET"] = address
-    text = script(block, directory, address)
+        addresses = servers.address(block.marker.split()[1:])
+        env["ATTNSERVE_DOCS_TARGET"] = addresses[0]
+    text = script(block, directory, addresses)
     started = time.monotonic()
     try:
         result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text], cwd=directory,

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 seconds="${1:-60}"
 shift || true
 harnesses=("$@")
-(( ${#harnesses[@]} )) || harnesses=(fuzz_safetensors fuzz_forward_request)
+(( ${#harnesses[@]} )) || harnesses=(fuzz_safetensors fuzz_forward_request fuzz_http_infer)
 build=build-fuzz
 
 # -Wno-pass-failed: the sanitizers' checks keep clang from vectorizing the loop that
@@ -30,7 +30,7 @@ mkdir -p "$build/crashes"
 export OMP_NUM_THREADS=1
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0"
-declare -A max_len=([fuzz_safetensors]=16384 [fuzz_forward_request]=8192)
+declare -A max_len=([fuzz_safetensors]=16384 [fuzz_forward_request]=8192 [fuzz_http_infer]=8192)
 status=0
 for h in "${harnesses[@]}"; do
   corpus="$build/corpus/$h"

@@ -156,6 +156,7 @@ std::unique_ptr<Server> StartServer(ServerOptions options) {
   options.listen = "localhost:0";
   // The default metrics port is machine-wide, and tests run side by side.
   if (options.metrics_listen == kDefaultMetricsListen) options.metrics_listen = "off";
+  if (options.http_listen == kDefaultHttpListen) options.http_listen = "off";
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   if (!server.ok()) {
     ADD_FAILURE_AT(__FILE__, __LINE__);
@@ -379,6 +380,10 @@ ChildServer::ChildServer(const std::vector<std::string>& args, const std::string
   if (std::none_of(args.begin(), args.end(),
                    [](const std::string& a) { return a.starts_with("--metrics-listen"); })) {
     argv_storage.push_back("--metrics-listen=off");
+  }
+  if (std::none_of(args.begin(), args.end(),
+                   [](const std::string& a) { return a.starts_with("--http-listen"); })) {
+    argv_storage.push_back("--http-listen=off");
   }
   std::vector<char*> argv;
   for (std::string& a : argv_storage) argv.push_back(a.data());

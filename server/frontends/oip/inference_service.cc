@@ -153,13 +153,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(grpc::CallbackServerCo
              inference::ModelMetadataResponse* metadata) {
         absl::StatusOr<ModelRegistry::Found> model = FindModel(asked.name(), asked.version());
         if (!model.ok()) return model.status();
-        std::vector<std::string> versions;
-        for (const VersionStatus& v : admission_->registry().Statuses()) {
-          if (v.model == model->model->name && v.state == VersionState::kReady) {
-            versions.push_back(absl::StrCat(v.version));
-          }
-        }
-        *metadata = DescribeInferModel(model->version->summary, versions);
+        *metadata = DescribeFound(admission_->registry(), *model);
         return absl::OkStatus();
       });
 }
@@ -266,9 +260,26 @@ absl::Status InferenceService::CheckRepositoryName(const std::string& name) cons
 
 absl::StatusOr<ModelRegistry::Found> InferenceService::FindModel(const std::string& name,
                                                                  const std::string& version) const {
+  return FindInferModel(admission_->registry(), name, version);
+}
+
+inference::ModelMetadataResponse DescribeFound(const ModelRegistry& registry,
+                                               const ModelRegistry::Found& found) {
+  std::vector<std::string> versions;
+  for (const VersionStatus& v : registry.Statuses()) {
+    if (v.model == found.model->name && v.state == VersionState::kReady) {
+      versions.push_back(absl::StrCat(v.version));
+    }
+  }
+  return DescribeInferModel(found.version->summary, versions);
+}
+
+absl::StatusOr<ModelRegistry::Found> FindInferModel(const ModelRegistry& registry,
+                                                    absl::string_view name,
+                                                    absl::string_view version) {
   absl::StatusOr<uint64_t> number = ParseModelVersion(version);
   if (!number.ok()) return number.status();
-  return admission_->registry().Find(name, *number);
+  return registry.Find(name, *number);
 }
 
 inference::ModelMetadataResponse DescribeInferModel(const ModelSummary& model,

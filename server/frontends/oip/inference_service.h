@@ -74,13 +74,24 @@ class InferenceService final
   absl::Status CheckRepositoryName(const std::string& name) const;
 
   Admission* const admission_;
-  SequenceTable* const sequences_;
   const AdminAuthorizer* const admin_;
+  SequenceTable* const sequences_;
 };
 
 // The tensor contract of `model` as ModelMetadata states it: -1 for dimensions of any size;
 // `versions` are the model's ready versions.
 inference::ModelMetadataResponse DescribeInferModel(const ModelSummary& model,
                                                     const std::vector<std::string>& versions);
+
+// ModelMetadata's answer for a version `registry` found: its contract, and every ready version
+// of its model. The gRPC and REST forms both write it.
+inference::ModelMetadataResponse DescribeFound(const ModelRegistry& registry,
+                                               const ModelRegistry::Found& found);
+
+// The model `name` at `version` (the protocol's text; "" for the newest ready one), or
+// NotFound / InvalidArgument: both protocols' one lookup.
+absl::StatusOr<ModelRegistry::Found> FindInferModel(const ModelRegistry& registry,
+                                                    absl::string_view name,
+                                                    absl::string_view version);
 
 }  // namespace attnserve::server

@@ -1,0 +1,72 @@
+#include "server/frontends/http/http_infer_call.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/frontends/oip/infer_codec.h"
+#include "server/observability/logging.h"
+
+namespace attnserve::server {
+namespace {
+
+constexpr char kHeaderLength[] = "Inference-Header-Content-Length";
+
+// The JSON part's length of a binary request, -1 for an all-JSON one.
+absl::StatusOr<int64_t> JsonLength(const HttpExchange& exchange) {
+  const std::optional<absl::string_view> header = exchange.Header(kHeaderLength);
+  if (!header.has_value()) return -1;
+  int64_t length = 0;
+  if (!absl::SimpleAtoi(*header, &length) || length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kHeaderLength, " must be a byte count, got '", Clipped(*header), "'"));
+  }
+  return length;
+}
+
+}  // namespace
+
+absl::StatusOr<absl::string_view> HttpInferCall::RequestedModel() {
+  absl::StatusOr<uint64_t> version = ParseModelVersion(version_);
+  if (!version.ok()) return version.status();
+  version_number_ = *version;
+  return absl::string_view(model_);
+}
+
+absl::Status HttpInferCall::Decode() {
+  absl::StatusOr<int64_t> json_length = JsonLength(*exchange_);
+  if (!json_length.ok()) return json_length.status();
+  absl::Status read = exchange_->ReadBody(limits_.max_bytes, Clock::now() + limits_.read_time,
+                                          kJsonPadding, &body_);
+  body_read_ = read.ok();
+  if (!read.ok()) return read;
+  return DecodeHttpInfer(body_.bytes, body_.bytes.capacity(), *json_length, &decoded_);
+}
+
+int64_t HttpInferCall::ReplyBytes(const core::ForwardShapes& shapes) const {
+  return HttpReplyBytes(decoded_, shapes) + static_cast<int64_t>(model_.size());
+}
+
+absl::StatusOr<ForwardBuffers> HttpInferCall::Buffers(const core::ForwardShapes& shapes) {
+  computed_by_ = version().version;  // the reply names it; the call lets go of it when answered
+  return PrepareHttpOutputs(shapes, &decoded_);
+}
+
+void HttpInferCall::Finish(const absl::Status& status) {
+  std::lock_guard lock(mu_);
+  status_ = status;
+  done_ = true;
+  done_cv_.notify_one();
+}
+
+absl::Status HttpInferCall::Wait() {
+  std::unique_lock lock(mu_);
+  if (!done_cv_.wait_until(lock, deadline(), [this] { return done_; })) {
+    // The queue answers a call whose caller is gone at once; a running one finishes.
+    lock.unlock();
+    CallerGone();
+    lock.lock();
+    done_cv_.wait(lock, [this] { return done_; });
+  }
+  return status_;
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,241 @@
+#include "server/frontends/http/http_server.h"
+
+#include <civetweb.h>
+#include <strings.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/frontends/http/civetweb_openssl3.h"
+#include "server/frontends/http/http_status.h"
+#include "server/frontends/http/oip_routes.h"
+#include "server/observability/logging.h"
+
+namespace attnserve::server {
+namespace {
+
+// One request on a civetweb connection, as the handlers see it.
+class CivetExchange final : public HttpExchange {
+ public:
+  CivetExchange(mg_connection* connection, bool closing)
+      : connection_(connection), info_(mg_get_request_info(connection)), closing_(closing) {}
+
+  absl::string_view method() const override { return info_->request_method; }
+  absl::string_view path() const override {
+    return info_->local_uri != nullptr ? info_->local_uri : "";
+  }
+  std::optional<absl::string_view> Header(absl::string_view name) const override {
+    for (int i = 0; i < info_->num_headers; ++i) {
+      if (absl::EqualsIgnoreCase(info_->http_headers[i].name, name)) {
+        return absl::string_view(info_->http_headers[i].value);
+      }
+    }
+    return std::nullopt;
+  }
+  int64_t content_length() const override {
+    return Header("Transfer-Encoding").has_value() ? -1 : info_->content_length;
+  }
+
+  absl::Status ReadBody(int64_t max_bytes, Clock::time_point deadline, size_t padding,
+                        HttpBody* body) override;
+  void Reply(int status, absl::string_view content_type, absl::string_view body,
+             std::span<const std::span<const char>> more,
+             const std::vector<std::pair<std::string, std::string>>& headers, bool close) override;
+
+  bool replied() const { return replied_; }
+
+ private:
+  mg_connection* const connection_;
+  const mg_request_info* const info_;
+  const bool closing_;
+  bool replied_ = false;
+};
+
+absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadline, size_t padding,
+                                     HttpBody* body) {
+  const int64_t declared = content_length();
+  if (declared > max_bytes) {
+    return TooLarge(absl::StrCat("the body of ", declared, " bytes is over the limit of ",
+                                 max_bytes, " (--max-message-mib)"));
+  }
+  std::string& bytes = body->bytes;
+  bytes.clear();
+  bytes.reserve((declared >= 0 ? declared : 64 << 10) + padding);
+  // civetweb's mg_read returns only once it has all it was asked for: a client that sends a
+  // byte at a time would hold a large read far past the deadline. Reads start small, double
+  // while they are quick and drop to a byte when one is slow, so the deadline is checked at
+  // least every few bytes of a trickle and full-size reads serve a fast client.
+  constexpr size_t kMaxRead = 64 << 10;
+  char chunk[kMaxRead];
+  size_t want = 64;
+  while (true) {
+    const Clock::time_point start = Clock::now();
+    const int n = mg_read(connection_, chunk, want);
+    if (n == 0) break;
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the body could not be read after ", bytes.size(),
+                       " bytes (malformed chunked encoding, a timeout, or the client left)"));
+    }
+    if (static_cast<int64_t>(bytes.size()) + n > max_bytes) {
+      return TooLarge(
+          absl::StrCat("the body is over the limit of ", max_bytes, " bytes (--max-message-mib)"));
+    }
+    if (bytes.capacity() < bytes.size() + n + padding) {
+      bytes.reserve(2 * (bytes.size() + n) + padding);
+    }
+    bytes.append(chunk, n);
+    const Clock::time_point now = Clock::now();
+    if (now > deadline) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the body took too long to arrive (", bytes.size(), " bytes so far)"));
+    }
+    want = now - start > std::chrono::milliseconds(20) ? 1 : std::min(kMaxRead, want * 2);
+  }
+  if (declared >= 0 && static_cast<int64_t>(bytes.size()) < declared) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body ended after ", bytes.size(), " of ", declared, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+void CivetExchange::Reply(int status, absl::string_view content_type, absl::string_view body,
+                          std::span<const std::span<const char>> more,
+                          const std::vector<std::pair<std::string, std::string>>& headers,
+                          bool close) {
+  replied_ = true;
+  size_t length = body.size();
+  for (const auto& piece : more) length += piece.size();
+  std::string head =
+      absl::StrCat("HTTP/1.1 ", status, " ", mg_get_response_code_text(nullptr, status),
+                   "\r\nContent-Type: ", content_type, "\r\nContent-Length: ", length, "\r\n");
+  for (const auto& [name, value] : headers) absl::StrAppend(&head, name, ": ", value, "\r\n");
+  if (close || closing_) head += "Connection: close\r\n";
+  head += "\r\n";
+  head.append(body.data(), body.size());
+  mg_write(connection_, head.data(), head.size());
+  for (const auto& piece : more) mg_write(connection_, piece.data(), piece.size());
+}
+
+}  // namespace
+
+HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
+    : options_(std::move(options)), router_(std::move(router)) {}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options,
+                                                              HttpRouter router) {
+  const bool tls = !options.tls.cert.empty();
+  std::unique_ptr<HttpServer> server(new HttpServer(std::move(options), std::move(router)));
+  if (tls) {
+    absl::StatusOr<std::unique_ptr<OpenSslTls>> loaded = OpenSslTls::Load(server->options_.tls);
+    if (!loaded.ok()) return loaded.status();
+    server->tls_ = *std::move(loaded);
+  }
+  mg_init_library(tls ? MG_FEATURES_TLS : 0);
+  if (tls && !RepairCivetwebOpenSsl3()) {
+    return absl::FailedPreconditionError(
+        "this civetweb cannot serve TLS with this OpenSSL (SSL_get_peer_certificate missing)");
+  }
+  const HttpServerOptions& o = server->options_;
+  const std::string ports = o.listen + (tls ? "s" : "");
+  const std::string threads = std::to_string(o.max_connections);
+  const std::string header_timeout = std::to_string(o.header_timeout_ms);
+  const std::string idle_timeout = std::to_string(o.idle_timeout_ms);
+  const std::string header_bytes = std::to_string(o.max_header_bytes);
+  const char* civet_options[] = {"listening_ports",
+                                 ports.c_str(),
+                                 "num_threads",
+                                 threads.c_str(),
+                                 "request_timeout_ms",
+                                 header_timeout.c_str(),
+                                 "keep_alive_timeout_ms",
+                                 idle_timeout.c_str(),
+                                 "enable_keep_alive",
+                                 "yes",
+                                 "max_request_size",
+                                 header_bytes.c_str(),
+                                 "tcp_nodelay",
+                                 "1",
+                                 "enable_auth_domain_check",
+                                 "no",
+                                 nullptr};
+  mg_callbacks callbacks{};
+  callbacks.log_message = &HttpServer::LogMessage;
+  if (tls) callbacks.init_ssl = &HttpServer::InitTls;
+  server->context_ = mg_start(&callbacks, server.get(), civet_options);
+  if (server->context_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen, " (--http-listen)"));
+  }
+  mg_server_port bound{};
+  if (mg_get_server_ports(server->context_, 1, &bound) < 1) {
+    return absl::UnavailableError(absl::StrCat("no port bound for ", o.listen));
+  }
+  server->port_ = bound.port;
+  mg_set_request_handler(server->context_, "/", &HttpServer::Handle, server.get());
+  return server;
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+void HttpServer::Stop() {
+  if (context_ == nullptr) return;
+  mg_stop(context_);
+  context_ = nullptr;
+  failures_.Flush();
+}
+
+int HttpServer::InitTls(void* ssl_ctx, void* self) {
+  return static_cast<HttpServer*>(self)->tls_->Configure(ssl_ctx) ? 1 : -1;
+}
+
+int HttpServer::LogMessage(const mg_connection* connection, const char* message) {
+  // A connection's lines (a failed handshake, a malformed request) are summarised in its
+  // server's log: a flood of bad connections is counted, not written line by line.
+  if (connection == nullptr) {
+    Log(LogLevel::kWarn, "HTTP server", {{"error", Clipped(message)}});
+    return 1;
+  }
+  auto* self = static_cast<HttpServer*>(mg_get_user_data(mg_get_context(connection)));
+  if (self != nullptr) {
+    self->failures_.Add(LogLevel::kInfo, "http library", "HTTP connection failed",
+                        {{"error", Clipped(message)}});
+  }
+  return 1;
+}
+
+absl::Status HttpServer::Authenticate(const mg_connection* connection) const {
+  if (options_.auth == nullptr) return absl::OkStatus();
+  const char* header = mg_get_header(connection, "Authorization");
+  if (header == nullptr) return options_.auth->Check(nullptr);
+  const absl::string_view value(header);
+  return options_.auth->Check(&value);
+}
+
+int HttpServer::Handle(mg_connection* connection, void* self_ptr) {
+  HttpServer& self = *static_cast<HttpServer*>(self_ptr);
+  CivetExchange exchange(connection, self.closing_.load());
+  if (mg_get_request_info(connection)->num_headers >= MG_MAX_HEADERS) {
+    // civetweb keeps the first 64 and drops the rest silently: refuse rather than guess.
+    ReplyError(
+        exchange,
+        absl::InvalidArgumentError(absl::StrCat("more than ", MG_MAX_HEADERS - 1, " headers")),
+        /*close=*/true);
+    return 400;
+  }
+  if (!absl::StartsWith(exchange.path(), "/v2/health/")) {
+    if (absl::Status status = self.Authenticate(connection); !status.ok()) {
+      self.failures_.Add(
+          LogLevel::kInfo, "http UNAUTHENTICATED", "HTTP call refused",
+          {{"path", Clipped(exchange.path())}, {"error", std::string(status.message())}});
+      ReplyError(exchange, status, /*close=*/exchange.content_length() != 0);
+      return 401;
+    }
+  }
+  self.router_.Dispatch(exchange);
+  return 200;
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,787 @@
+// The Open Inference Protocol over HTTP/REST on a real server's REST port, over real sockets:
+// every endpoint; JSON (nested and flat) and binary requests of every datatype the gRPC form
+// takes answer the same bits as ModelInfer on the same server; every error status; TLS, mTLS
+// and tokens; drain; and a malformed-HTTP suite (bad request lines, huge headers, chunked bodies
+// with wrong sizes, bodies shorter or longer than Content-Length, invalid UTF-8, NaN, deep
+// nesting, slow and idle clients), after which the server still serves.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bit>
+#include <charconv>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "inference/grpc_service.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "server/frontends/http/http_status.h"
+#include "server/frontends/oip/inference_service.h"
+#include "server/serving/too_large.h"
+#include "tests/common/certificates.h"
+#include "tests/server/http_client.h"
+#include "tests/server/scrape.h"
+#include "tests/server/test_util.h"
+
+namespace attnserve::server::testing {
+namespace {
+
+using inference::ModelInferRequest;
+using inference::ModelInferResponse;
+using Json = nlohmann::json;
+
+#if defined(__clang__) && __clang_major__ < 15
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
+
+constexpr int kWidth = 256;  // the demo layer's d_model
+
+ServerOptions DemoOptions() {
+  ServerOptions options;
+  ModelConfig demo;
+  demo.name = "demo";
+  options.models = {demo};
+  options.http_listen = "127.0.0.1:0";
+  options.http_max_connections = 64;
+  return options;
+}
+
+// `count` smooth values, different for each `seed`.
+std::vector<float> Wave(size_t count, int seed = 0) {
+  std::vector<float> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = 0.5f * std::sin(0.37f * i + seed) + 0.01f * seed;
+  return values;
+}
+
+// `values` as a JSON array nested to `shape` (flat when `shape` is empty).
+Json Nested(const std::vector<float>& values, const std::vector<int64_t>& shape) {
+  if (shape.size() <= 1) return Json(values);
+  const int64_t inner = values.size() / shape[0];
+  Json array = Json::array();
+  const std::vector<int64_t> rest(shape.begin() + 1, shape.end());
+  for (int64_t i = 0; i < shape[0]; ++i) {
+    array.push_back(Nested({values.begin() + i * inner, values.begin() + (i + 1) * inner}, rest));
+  }
+  return array;
+}
+
+std::string Bytes(const void* data, size_t size) {
+  return std::string(static_cast<const char*>(data), size);
+}
+
+std::string HalfBytes(const std::vector<float>& values, bool bf16) {
+  std::vector<uint16_t> halves(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint32_t bits = std::bit_cast<uint32_t>(values[i]);
+    halves[i] = bf16 ? static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16)
+                     : std::bit_cast<uint16_t>(static_cast<Half>(values[i]));
+  }
+  return Bytes(halves.data(), halves.size() * 2);
+}
+
+// One tensor of a test call, with the datatype and bytes it travels as.
+struct Tensor {
+  std::string name, datatype;
+  std::vector<int64_t> shape;
+  std::vector<float> floats;  // FP32, FP16, BF16 (rounded on the wire)
+  std::vector<int32_t> ints;  // INT32
+  std::string raw() const {
+    if (datatype == "INT32") return Bytes(ints.data(), ints.size() * 4);
+    if (datatype == "FP32") return Bytes(floats.data(), floats.size() * 4);
+    return HalfBytes(floats, datatype == "BF16");
+  }
+};
+
+// A call: tensors, kind, outputs asked for.
+struct Call {
+  std::vector<Tensor> tensors;
+  std::string kind = "bidirectional";
+  bool return_attention = false;
+};
+
+ModelInferRequest ToGrpc(const Call& call) {
+  ModelInferRequest request;
+  request.set_model_name("demo");
+  (*request.mutable_parameters())["kind"].set_string_param(call.kind);
+  (*request.mutable_parameters())["return_attention"].set_bool_param(call.return_attention);
+  for (const Tensor& t : call.tensors) {
+    auto* input = request.add_inputs();
+    input->set_name(t.name);
+    input->set_datatype(t.datatype);
+    input->mutable_shape()->Assign(t.shape.begin(), t.shape.end());
+    request.add_raw_input_contents(t.raw());
+  }
+  return request;
+}
+
+// How the REST form of a call carries its tensors.
+enum class Form { kNested, kFlat, kBinary };
+
+// The body and headers of `call` in `form` (half types always binary); outputs binary too when
+// `binary_output`.
+std::pair<std::string, std::vector<std::string>> ToRest(const Call& call, Form form,
+                                                        bool binary_output = false) {
+  Json request = {{"id", "rest-call"},
+                  {"parameters",
+                   {{"kind", call.kind},
+                    {"return_attention", call.return_attention},
+                    {"binary_data_output", binary_output}}}};
+  std::string binary;
+  for (const Tensor& t : call.tensors) {
+    Json input = {{"name", t.name}, {"datatype", t.datatype}, {"shape", t.shape}};
+    if (form == Form::kBinary || (t.datatype != "FP32" && t.datatype != "INT32")) {
+      const std::string raw = t.raw();
+      input["parameters"] = {{"binary_data_size", raw.size()}};
+      binary += raw;
+    } else if (t.datatype == "INT32") {
+      input["data"] = t.ints;
+    } else {
+      input["data"] = Nested(t.floats, form == Form::kNested ? t.shape : std::vector<int64_t>{});
+    }
+    request["inputs"].push_back(input);
+  }
+  const std::string json = request.dump();
+  std::vector<std::string> headers = {"Content-Type: application/json"};
+  if (binary.empty()) return {json, headers};
+  headers.push_back(absl::StrCat("Inference-Header-Content-Length: ", json.size()));
+  return {json + binary, headers};
+}
+
+using Outputs = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>;
+
+// The numbers of the JSON array that starts at `text[at]`, read as float by from_chars (exactly
+// rounded, so the bits compare).
+std::vector<float> FloatsAt(const std::string& text, size_t at) {
+  std::vector<float> values;
+  size_t i = at + 1;
+  while (i < text.size() && text[i] != ']') {
+    float value = 0;
+    const auto [end, error] = std::from_chars(text.data() + i, text.data() + text.size(), value);
+    EXPECT_EQ(error, std::errc());
+    values.push_back(value);
+    i = end - text.data();
+    if (text[i] == ',') ++i;
+  }
+  return values;
+}
+
+// The outputs of a REST reply, JSON or binary.
+Outputs RestOutputs(const HttpReply& reply) {
+  Outputs outputs;
+  const auto header = reply.headers.find("inference-header-content-length");
+  const size_t json_length =
+      header == reply.headers.end() ? reply.body.size() : std::stoul(header->second);
+  const std::string json_text = reply.body.substr(0, json_length);
+  const Json json = Json::parse(json_text);
+  size_t offset = json_length;
+  size_t search = 0;
+  for (const Json& output : json["outputs"]) {
+    auto& [shape, values] = outputs[output["name"]];
+    shape = output["shape"].get<std::vector<int64_t>>();
+    if (output.contains("parameters") && output["parameters"].contains("binary_data_size")) {
+      const size_t size = output["parameters"]["binary_data_size"];
+      values.resize(size / 4);
+      std::memcpy(values.data(), reply.body.data() + offset, size);
+      offset += size;
+    } else {
+      search = json_text.find("\"data\":[", search) + 7;
+      values = FloatsAt(json_text, search);
+    }
+  }
+  return outputs;
+}
+
+// Empty when the two have the same outputs, shapes and bits.
+std::string SameBits(const Outputs& rest, const Outputs& grpc) {
+  if (rest.size() != grpc.size()) return "different outputs";
+  for (const auto& [name, want] : grpc) {
+    const auto it = rest.find(name);
+    if (it == rest.end()) return name + " missing";
+    if (it->second.first != want.first) return name + ": shapes differ";
+    if (it->second.second.size() != want.second.size()) return name + ": sizes differ";
+    for (size_t i = 0; i < want.second.size(); ++i) {
+      if (std::bit_cast<uint32_t>(it->second.second[i]) !=
+          std::bit_cast<uint32_t>(want.second[i])) {
+        return absl::StrCat(name, ": element ", i, " is ", it->second.second[i], ", ModelInfer ",
+                            want.second[i]);
+      }
+    }
+  }
+  return "";
+}
+
+class HttpTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = StartServer(DemoOptions()).release(); }
+  static void TearDownTestSuite() { delete server_; }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(server_->http_port(), 0);
+  }
+
+  static std::string Url(const std::string& path) {
+    return absl::StrCat("http://127.0.0.1:", server_->http_port(), path);
+  }
+
+  Outputs GrpcOutputs(const Call& call) {
+    auto stub = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+    grpc::ClientContext context;
+    ModelInferResponse response;
+    const grpc::Status status = stub->ModelInfer(&context, ToGrpc(call), &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    Outputs outputs;
+    for (int i = 0; i < response.outputs_size(); ++i) {
+      const auto& tensor = response.outputs(i);
+      auto& [shape, values] = outputs[tensor.name()];
+      shape.assign(tensor.shape().begin(), tensor.shape().end());
+      const std::string& bytes = response.raw_output_contents(i);
+      values.resize(bytes.size() / 4);
+      std::memcpy(values.data(), bytes.data(), bytes.size());
+    }
+    return outputs;
+  }
+
+  HttpReply Infer(const std::string& body, const std::vector<std::string>& headers,
+                  const std::string& model = "demo") {
+    return HttpCall("POST", Url("/v2/models/" + model + "/infer"), body, headers);
+  }
+
+  static Server* server_;
+};
+
+Server* HttpTest::server_ = nullptr;
+
+TEST_F(HttpTest, HealthEndpoints) {
+  EXPECT_EQ(HttpCall("GET", Url("/v2/health/live")).status, 200);
+  EXPECT_EQ(HttpCall("GET", Url("/v2/health/ready")).status, 200);
+  EXPECT_EQ(HttpCall("GET", Url("/v2/models/demo/ready")).status, 200);
+  EXPECT_EQ(HttpCall("GET", Url("/v2/models/demo/versions/1/ready")).status, 200);
+  EXPECT_EQ(HttpCall("GET", Url("/v2/models/demo/versions/2/ready")).status, 404);
+  const HttpReply unknown = HttpCall("GET", Url("/v2/models/nope/ready"));
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_TRUE(Json::parse(unknown.body).contains("error")) << unknown.body;
+}
+
+TEST_F(HttpTest, ServerMetadataListsTheExtensions) {
+  const HttpReply reply = HttpCall("GET", Url("/v2"));
+  ASSERT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.headers.at("content-type"), "application/json");
+  const Json json = Json::parse(reply.body);
+  EXPECT_EQ(json["name"], "attnserve");
+  EXPECT_EQ(json["version"], ATTNSERVE_PROJECT_VERSION);
+  EXPECT_EQ(json["extensions"], Json({"parameters", "binary_tensor_data"}));
+}
+
+TEST_F(HttpTest, ModelMetadataIsModelMetadatasContract) {
+  auto stub = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  grpc::ClientContext context;
+  inference::ModelMetadataRequest asked;
+  asked.set_name("demo");
+  inference::ModelMetadataResponse want;
+  ASSERT_TRUE(stub->ModelMetadata(&context, asked, &want).ok());
+  for (const std::string path : {"/v2/models/demo", "/v2/models/demo/versions/1"}) {
+    const HttpReply reply = HttpCall("GET", Url(path));
+    ASSERT_EQ(reply.status, 200) << path;
+    const Json json = Json::parse(reply.body);
+    EXPECT_EQ(json["name"], want.name());
+    EXPECT_EQ(json["platform"], want.platform());
+    EXPECT_EQ(json["versions"], Json({"1"}));
+    for (const auto& [key, tensors] :
+         {std::pair{"inputs", &want.inputs()}, std::pair{"outputs", &want.outputs()}}) {
+      ASSERT_EQ(json[key].size(), static_cast<size_t>(tensors->size()));
+      for (int i = 0; i < tensors->size(); ++i) {
+        EXPECT_EQ(json[key][i]["name"], tensors->Get(i).name());
+        EXPECT_EQ(json[key][i]["datatype"], tensors->Get(i).datatype());
+        EXPECT_EQ(
+            json[key][i]["shape"].get<std::vector<int64_t>>(),
+            std::vector<int64_t>(tensors->Get(i).shape().begin(), tensors->Get(i).shape().end()));
+      }
+    }
+  }
+  EXPECT_EQ(HttpCall("GET", Url("/v2/models/demo/versions/7")).status, 404);
+  EXPECT_EQ(HttpCall("GET", Url("/v2/models/nope")).status, 404);
+}
+
+TEST_F(HttpTest, UnknownPathsAndMethods) {
+  EXPECT_EQ(HttpCall("GET", Url("/v3")).status, 404);
+  EXPECT_EQ(HttpCall("GET", Url("/v2/models/demo/infer")).status, 405);
+  EXPECT_EQ(HttpCall("DELETE", Url("/v2/health/live")).status, 405);
+}
+
+// The calls every encoding is checked on: padded with lengths, packed, cross with context
+// lengths, causal with attention.
+std::vector<Call> Calls(const std::string& float_type, const std::string& length_type = "INT32") {
+  const int b = 2, s = 16;
+  Tensor input{"input", float_type, {b, s, kWidth}, Wave(b * s * kWidth, 1), {}};
+  Tensor lengths{"lengths", length_type, {b}, {}, {16, 9}};
+  Tensor packed{"input", float_type, {25, kWidth}, Wave(25 * kWidth, 2), {}};
+  Tensor context{"context", float_type, {b, 8, kWidth}, Wave(b * 8 * kWidth, 3), {}};
+  Tensor context_lengths{"context_lengths", length_type, {b}, {}, {8, 3}};
+  Call padded{{input, lengths}};
+  Call packed_call{{packed, lengths}, "causal"};
+  Call cross{{input, lengths, context, context_lengths}, "cross"};
+  Call attention{{input}, "causal", /*return_attention=*/true};
+  return {padded, packed_call, cross, attention};
+}
+
+TEST_F(HttpTest, JsonNestedFlatAndBinaryGiveModelInfersBits) {
+  for (const Call& call : Calls("FP32")) {
+    const Outputs want = GrpcOutputs(call);
+    for (Form form : {Form::kNested, Form::kFlat, Form::kBinary}) {
+      for (bool binary_output : {false, true}) {
+        const auto [body, headers] = ToRest(call, form, binary_output);
+        const HttpReply reply = Infer(body, headers);
+        ASSERT_EQ(reply.status, 200) << reply.body.substr(0, 300);
+        EXPECT_EQ(SameBits(RestOutputs(reply), want), "")
+            << call.kind << " form " << static_cast<int>(form) << " binary " << binary_output;
+      }
+    }
+  }
+}
+
+TEST_F(HttpTest, HalfTypesAndBinaryLengthsGiveModelInfersBits) {
+  for (const std::string type : {"FP16", "BF16"}) {
+    for (const Call& call : Calls(type)) {
+      const auto [body, headers] = ToRest(call, Form::kFlat);
+      const HttpReply reply = Infer(body, headers);
+      ASSERT_EQ(reply.status, 200) << reply.body.substr(0, 300);
+      EXPECT_EQ(SameBits(RestOutputs(reply), GrpcOutputs(call)), "") << type << " " << call.kind;
+    }
+  }
+  const Call call = Calls("FP32")[0];
+  const auto [body, headers] = ToRest(call, Form::kBinary);  // INT32 lengths as bytes too
+  EXPECT_EQ(SameBits(RestOutputs(Infer(body, headers)), GrpcOutputs(call)), "");
+}
+
+TEST_F(HttpTest, OnlyTheRequestedOutputsAndTheIdComeBack) {
+  const Call call = Calls("FP32")[3];
+  auto [body, headers] = ToRest(call, Form::kFlat);
+  Json request = Json::parse(body);
+  request["outputs"] = {{{"name", "attention"}, {"parameters", {{"binary_data", true}}}}};
+  const HttpReply reply = Infer(request.dump(), headers);
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const Outputs outputs = RestOutputs(reply);
+  ASSERT_EQ(outputs.size(), 1u);
+  EXPECT_EQ(outputs.begin()->first, "attention");
+  EXPECT_EQ(outputs.begin()->second.second, GrpcOutputs(call).at("attention").second);
+  const Json json = Json::parse(
+      reply.body.substr(0, std::stoul(reply.headers.at("inference-header-content-length"))));
+  EXPECT_EQ(json["id"], "rest-call");
+  EXPECT_EQ(json["model_name"], "demo");
+  EXPECT_EQ(json["model_version"], "1");
+}
+
+TEST(HttpStatusTest, EveryCodeHasItsStatus) {
+  EXPECT_EQ(HttpStatus(absl::OkStatus()), 200);
+  EXPECT_EQ(HttpStatus(absl::InvalidArgumentError("")), 400);
+  EXPECT_EQ(HttpStatus(absl::UnauthenticatedError("")), 401);
+  EXPECT_EQ(HttpStatus(absl::PermissionDeniedError("")), 403);
+  EXPECT_EQ(HttpStatus(absl::NotFoundError("")), 404);
+  EXPECT_EQ(HttpStatus(TooLarge("")), 413);
+  EXPECT_EQ(HttpStatus(MessageTooLarge("the reply would take")), 413);
+  EXPECT_EQ(HttpStatus(absl::ResourceExhaustedError("queue full")), 429);
+  EXPECT_EQ(HttpStatus(absl::UnavailableError("")), 503);
+  EXPECT_EQ(HttpStatus(absl::DeadlineExceededError("")), 504);
+  EXPECT_EQ(HttpStatus(absl::InternalError("")), 500);
+  EXPECT_EQ(ErrorJson("bad \"x\" \xff\n"), "{\"error\":\"bad \\\"x\\\" \\ufffd\\u000a\"}");
+}
+
+// A valid flat JSON call of `rows` tokens.
+std::string SmallCall(int rows = 4) {
+  return ToRest({{Tensor{"input", "FP32", {1, rows, kWidth}, Wave(rows * kWidth), {}}}},
+                Form::kFlat)
+      .first;
+}
+
+TEST_F(HttpTest, RefusalsHaveTheirStatusAndAnErrorMessage) {
+  const std::vector<std::string> json = {"Content-Type: application/json"};
+  const std::vector<std::pair<std::string, int>> cases = {
+      {"{", 400},
+      {"", 400},
+      {"[1,2]", 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,256],"data":[NaN]}]})", 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,2],"data":[1e999,1]}]})", 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,256],"data":[3.5e38]}]})", 400},
+      {R"({"inputs":[{"name":"bogus","datatype":"FP32","shape":[1],"data":[1]}]})", 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP64","shape":[1,1,256],"data":[1]}]})", 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP16","shape":[1,1,256],"data":[1]}]})", 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,256],"data":[1,2]}]})", 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,3],"data":[[[1,2,3]]],)"
+       R"("x":"\xff"}]})",
+       400},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,256],"data":["1"]}]})", 400},
+      {R"({"inputs":[]} {"trailing":1})", 400},
+      {R"({"unknown":[1,,2],"inputs":[]})", 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shap2":,"shape":[1,1,2],"data":[1,2]}]})",
+       400},
+      {R"({"inputs":[],"inputs":[]})", 400},
+      {R"({"parameters":{"kind":"sideways"},"inputs":[]})", 400},
+      {std::string(100000, '[') + std::string(100000, ']'), 400},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,2],"data":)" +
+           std::string(5000, '[') + "1" + std::string(5000, ']') + "}]}",
+       400},
+  };
+  for (const auto& [body, status] : cases) {
+    const HttpReply reply = Infer(body, json);
+    EXPECT_EQ(reply.status, status) << body.substr(0, 120);
+    ASSERT_FALSE(reply.body.empty()) << body.substr(0, 120);
+    EXPECT_TRUE(Json::parse(reply.body).contains("error")) << reply.body;
+  }
+  EXPECT_EQ(Infer(SmallCall(), json, "nope").status, 404);
+  EXPECT_EQ(HttpCall("POST", Url("/v2/models/demo/versions/2/infer"), SmallCall(), json).status,
+            404);
+  EXPECT_EQ(Infer(SmallCall(), {"Request-Timeout-Ms: soon"}).status, 400);
+  EXPECT_EQ(Infer(SmallCall(), {"Inference-Header-Content-Length: 99999"}).status, 400);
+  EXPECT_EQ(Infer(SmallCall() + "xx",
+                  {"Inference-Header-Content-Length: " + std::to_string(SmallCall().size())})
+                .status,
+            400);  // binary bytes no input claims
+  EXPECT_EQ(Infer(SmallCall(), json).status, 200);
+}
+
+TEST_F(HttpTest, APassedDeadlineIs504) {
+  // A call far larger than one millisecond of compute.
+  const Call big{{Tensor{"input", "FP32", {4, 512, kWidth}, Wave(4 * 512 * kWidth), {}}}, "causal"};
+  const auto [body, headers] = ToRest(big, Form::kBinary);
+  std::vector<std::string> with_timeout = headers;
+  with_timeout.push_back("Request-Timeout-Ms: 1");
+  EXPECT_EQ(Infer(body, with_timeout).status, 504);
+  with_timeout.back() = "Request-Timeout-Ms: 60000";
+  EXPECT_EQ(Infer(body, with_timeout).status, 200);
+}
+
+TEST(HttpLimitsTest, AReplyOverTheLimitIs413) {
+  ServerOptions options = DemoOptions();
+  options.max_message_mib = 1;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  // A 1x2x256 call asking for its attention is small; 1x300 asks for 4x300x300 floats (1.4 MB).
+  Call call{{Tensor{"input", "FP32", {1, 300, kWidth}, Wave(300 * kWidth), {}}}};
+  call.return_attention = true;
+  const auto [body, headers] = ToRest(call, Form::kBinary, /*binary_output=*/true);
+  const HttpReply reply = HttpCall(
+      "POST", absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/demo/infer"), body,
+      headers);
+  EXPECT_EQ(reply.status, 413) << reply.body;
+}
+
+TEST(HttpLimitsTest, ABodyOverTheLimitIs413BeforeItIsRead) {
+  ServerOptions options = DemoOptions();
+  options.max_message_mib = 1;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string url =
+      absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/demo/infer");
+  const HttpReply declared = HttpCall("POST", url, std::string(2 << 20, ' '), {});
+  EXPECT_EQ(declared.status, 413);
+  const std::string chunked_head =
+      "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string chunks;
+  for (int i = 0; i < 20; ++i) chunks += "10000\r\n" + std::string(0x10000, ' ') + "\r\n";
+  EXPECT_EQ(RawStatus(RawExchange(server->http_port(), chunked_head + chunks + "0\r\n\r\n",
+                                  std::chrono::seconds(1))),
+            413);
+}
+
+// Writes a token file and returns its path.
+std::string TokenFile(const std::string& name, const std::string& token) {
+  const std::string path = TempPath(name);
+  std::ofstream(path) << token << "\n";
+  return path;
+}
+
+TEST(HttpSecurityTest, BearerTokensGuardEverythingButHealth) {
+  ServerOptions options = DemoOptions();
+  options.auth_token_file = TokenFile("http-tokens", "s3cret");
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string base = absl::StrCat("http://127.0.0.1:", server->http_port());
+  EXPECT_EQ(HttpCall("GET", base + "/v2/health/ready").status, 200);
+  EXPECT_EQ(HttpCall("GET", base + "/v2").status, 401);
+  EXPECT_EQ(HttpCall("GET", base + "/v2", "", {"Authorization: Bearer wrong"}).status, 401);
+  EXPECT_EQ(HttpCall("GET", base + "/v2", "", {"Authorization: s3cret"}).status, 401);
+  EXPECT_EQ(HttpCall("POST", base + "/v2/models/demo/infer", SmallCall(), {}).status, 401);
+  EXPECT_EQ(HttpCall("GET", base + "/v2", "", {"Authorization: Bearer s3cret"}).status, 200);
+  EXPECT_EQ(HttpCall("POST", base + "/v2/models/demo/infer", SmallCall(),
+                     {"Authorization: Bearer s3cret"})
+                .status,
+            200);
+}
+
+HttpTls Trusting(const std::string& ca_path) {
+  HttpTls tls;
+  tls.ca_path = ca_path;
+  return tls;
+}
+
+TEST(HttpSecurityTest, TlsAndMutualTlsWithTheMainPortsFiles) {
+  absl::StatusOr<test::Certificates> certs = test::MakeCertificates(TempPath("http-certs"));
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  ServerOptions options = DemoOptions();
+  options.tls.cert = certs->server_cert_path;
+  options.tls.key = certs->server_key_path;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string https = absl::StrCat("https://localhost:", server->http_port());
+  const HttpTls trust = Trusting(certs->ca_path);
+  EXPECT_EQ(HttpCall("GET", https + "/v2/health/ready", "", {}, trust).status, 200);
+  EXPECT_EQ(HttpCall("POST", https + "/v2/models/demo/infer", SmallCall(), {}, trust).status, 200);
+  EXPECT_EQ(HttpCall("GET", https + "/v2").status, 0);  // an unknown CA
+  EXPECT_EQ(HttpCall("GET", absl::StrCat("http://localhost:", server->http_port(), "/v2")).status,
+            0);  // plaintext to a TLS port gets no HTTP answer
+  server.reset();
+
+  options.tls.client_ca = certs->ca_path;
+  server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string mtls = absl::StrCat("https://localhost:", server->http_port(), "/v2");
+  EXPECT_EQ(HttpCall("GET", mtls, "", {}, trust).status, 0);  // no client certificate
+  const HttpTls client{certs->ca_path, certs->client_cert_path, certs->client_key_path};
+  EXPECT_EQ(HttpCall("GET", mtls, "", {}, client).status, 200);
+}
+
+TEST(HttpSecurityTest, ARotatedCertificateIsServedWithoutRestart) {
+  absl::StatusOr<test::Certificates> first = test::MakeCertificates(TempPath("rot-a"), "ca-a");
+  absl::StatusOr<test::Certificates> next = test::MakeCertificates(TempPath("rot-b"), "ca-b");
+  ASSERT_TRUE(first.ok() && next.ok());
+  const std::string cert = TempPath("rot-cert.pem"), key = TempPath("rot-key.pem");
+  std::filesystem::copy_file(first->server_cert_path, cert);
+  std::filesystem::copy_file(first->server_key_path, key);
+  ServerOptions options = DemoOptions();
+  options.tls.cert = cert;
+  options.tls.key = key;
+  options.tls.refresh_seconds = 1;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string url = absl::StrCat("https://localhost:", server->http_port(), "/v2");
+  EXPECT_EQ(HttpCall("GET", url, "", {}, Trusting(first->ca_path)).status, 200);
+  std::filesystem::copy_file(next->server_cert_path, cert,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(next->server_key_path, key,
+                             std::filesystem::copy_options::overwrite_existing);
+  int status = 0;
+  for (int i = 0; i < 40 && status != 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    status = HttpCall("GET", url, "", {}, Trusting(next->ca_path)).status;
+  }
+  EXPECT_EQ(status, 200);
+}
+
+TEST(HttpDrainTest, NotReadyAndUnavailableWhileDraining) {
+  std::unique_ptr<Server> server = StartServer(DemoOptions());
+  ASSERT_NE(server, nullptr);
+  const std::string base = absl::StrCat("http://127.0.0.1:", server->http_port());
+  server->Drain(std::chrono::seconds(1), std::chrono::milliseconds(0));
+  EXPECT_EQ(HttpCall("GET", base + "/v2/health/live").status, 200);
+  EXPECT_EQ(HttpCall("GET", base + "/v2/health/ready").status, 400);
+  EXPECT_EQ(HttpCall("GET", base + "/v2/models/demo/ready").status, 400);
+  const HttpReply infer = HttpCall("POST", base + "/v2/models/demo/infer", SmallCall(), {});
+  EXPECT_EQ(infer.status, 503);
+  ASSERT_TRUE(infer.headers.contains("connection"));
+  EXPECT_EQ(infer.headers.at("connection"), "close");
+}
+
+// The malformed-HTTP suite: each answered 4xx (or the connection closed), never a crash or a
+// hang, and the server serves afterwards.
+TEST_F(HttpTest, MalformedHttpIsRefusedAndTheServerGoesOn) {
+  const int port = server_->http_port();
+  const std::string infer = "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"garbage request line", "GARBAGE\r\n\r\n"},
+      {"binary noise", std::string("\x00\xff\x16\x03\x01 \r\n\r\n", 10)},
+      {"no version", "GET /v2\r\n\r\n"},
+      {"huge header", "GET /v2 HTTP/1.1\r\nX-Big: " + std::string(64 << 10, 'a') + "\r\n\r\n"},
+      {"many headers",
+       [] {
+         std::string r = "GET /v2 HTTP/1.1\r\n";
+         for (int i = 0; i < 100; ++i) r += absl::StrCat("X-", i, ": a\r\n");
+         return r + "\r\n";
+       }()},
+      {"chunk size not hex", infer + "Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"},
+      {"chunk shorter than its size",
+       infer + "Transfer-Encoding: chunked\r\n\r\n10\r\nabc\r\n0\r\n\r\n"},
+      {"negative length", infer + "Content-Length: -5\r\n\r\n{}"},
+      {"invalid UTF-8 in JSON", infer + "Content-Length: 16\r\n\r\n{\"id\":\"\xc3\x28\xff\"}  "},
+  };
+  for (const auto& [name, bytes] : cases) {
+    const std::string answer = RawExchange(port, bytes, std::chrono::seconds(5),
+                                           /*close_write=*/true);
+    const int status = RawStatus(answer);
+    EXPECT_TRUE(status == 0 || (status >= 400 && status < 500)) << name << ": " << answer;
+  }
+  // A body shorter than its Content-Length, then the client stops sending.
+  EXPECT_EQ(RawStatus(RawExchange(port, infer + "Content-Length: 100\r\n\r\n{}",
+                                  std::chrono::seconds(5), /*close_write=*/true)),
+            400);
+  // A body longer than its Content-Length: the rest is the next request, and malformed.
+  const std::string longer =
+      RawExchange(port, infer + "Content-Length: 2\r\n\r\n{}GARBAGE\r\n\r\n");
+  EXPECT_EQ(RawStatus(longer), 400);
+  EXPECT_NE(longer.find("400 Bad Request", 20), std::string::npos) << longer;
+  EXPECT_EQ(HttpCall("GET", Url("/v2/health/ready")).status, 200);
+  EXPECT_EQ(Infer(SmallCall(), {}).status, 200);
+}
+
+// Sends `prefix` at once, then `trickle` a byte every `gap` on one connection, until the
+// server answers or closes it (or `give_up` passes); how long that took.
+std::chrono::milliseconds TrickleUntilAnswered(int port, const std::string& prefix,
+                                               const std::string& trickle,
+                                               std::chrono::milliseconds gap,
+                                               std::chrono::milliseconds give_up) {
+  const auto start = std::chrono::steady_clock::now();
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  send(fd, prefix.data(), prefix.size(), MSG_NOSIGNAL);
+  for (char c : trickle) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 0) > 0) break;  // an answer, or the connection closed
+    if (send(fd, &c, 1, MSG_NOSIGNAL) != 1) break;
+    if (std::chrono::steady_clock::now() - start > give_up) break;
+    std::this_thread::sleep_for(gap);
+  }
+  close(fd);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               start);
+}
+
+TEST(HttpSlowClientTest, ByteByByteHeadersAndBodiesAndIdleConnectionsAreCutOff) {
+  ServerOptions options = DemoOptions();
+  options.http_header_timeout_ms = 1000;
+  options.http_body_timeout_ms = 1000;
+  options.http_idle_timeout_ms = 1000;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  const std::string headers = "GET /v2 HTTP/1.1\r\nX-Slow: " + std::string(200, 'a');
+  EXPECT_LT(TrickleUntilAnswered(port, "", headers, std::chrono::milliseconds(50),
+                                 std::chrono::seconds(8)),
+            std::chrono::seconds(4));
+  // The body's time counts from its first byte: a 400 comes once it is over.
+  EXPECT_LT(TrickleUntilAnswered(
+                port, "POST /v2/models/demo/infer HTTP/1.1\r\nContent-Length: 300\r\n\r\n",
+                std::string(300, ' '), std::chrono::milliseconds(20), std::chrono::seconds(8)),
+            std::chrono::seconds(4));
+  // An idle keep-alive connection is closed after the idle time.
+  const auto start = std::chrono::steady_clock::now();
+  const std::string answer =
+      RawExchange(port, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n", std::chrono::seconds(8));
+  EXPECT_EQ(RawStatus(answer), 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// A rolling update over REST: callers keep calling through SIGTERM until the process is gone.
+// Each call is answered 200 (computed) or 503 (refused while draining, with Connection: close),
+// or finds no server once it exited; never another status.
+TEST(HttpDrainTest, EveryCallThroughSigtermIsAnsweredOkOrUnavailable) {
+  const std::string port_file = TempPath("http-drain.port");
+  const int http_port = FreePort();
+  ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--http-listen",
+                     absl::StrCat("127.0.0.1:", http_port), "--shutdown-grace", "5"},
+                    TempPath("http-drain.log"));
+  ASSERT_GT(child.WaitForPort(port_file, std::chrono::seconds(20)), 0) << child.Output();
+  const std::string url = absl::StrCat("http://127.0.0.1:", http_port, "/v2/models/demo/infer");
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<int, int> statuses;
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 16; ++i) {
+    callers.emplace_back([&, i] {
+      const std::string body = SmallCall(16 << (i % 3));
+      while (!stop.load()) {
+        const HttpReply reply = HttpCall("POST", url, body, {"Request-Timeout-Ms: 20000"});
+        std::lock_guard lock(mu);
+        ++statuses[reply.status];
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  child.Signal(SIGTERM);
+  const int exit_code = child.Wait(std::chrono::seconds(30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop.store(true);
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(exit_code, 0) << child.Output();
+  EXPECT_GT(statuses[200], 16) << "the load did not run before the signal";
+  EXPECT_GT(statuses[503], 0);
+  for (const auto& [status, count] : statuses) {
+    EXPECT_TRUE(status == 200 || status == 503 || status == 0) << count << " calls got " << status;
+  }
+}
+
+// The one CallReporter counts REST calls in the same series as gRPC's.
+TEST(HttpMetricsTest, RestAndGrpcCallsAreCountedTogether) {
+  ServerOptions options = DemoOptions();
+  options.metrics_listen = "127.0.0.1:0";
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const Call call{{Tensor{"input", "FP32", {1, 3, kWidth}, Wave(3 * kWidth), {}}}, "causal"};
+  const std::string base = absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/");
+  for (int i = 0; i < 2; ++i) {
+    const auto [body, headers] = ToRest(call, Form::kFlat);
+    ASSERT_EQ(HttpCall("POST", base + "demo/infer", body, headers).status, 200);
+  }
+  EXPECT_EQ(HttpCall("POST", base + "nope/infer", SmallCall(), {}).status, 404);
+  auto stub = inference::GRPCInferenceService::NewStub(Connect(server->port()));
+  grpc::ClientContext context;
+  ModelInferResponse response;
+  ASSERT_TRUE(stub->ModelInfer(&context, ToGrpc(call), &response).ok());
+  absl::StatusOr<std::map<std::string, double>> series = Scrape(server->metrics_port());
+  ASSERT_TRUE(series.ok()) << series.status();
+  EXPECT_EQ((*series)[SeriesKey("attnserve_requests_total",
+                                {{"model", "demo"}, {"kind", "causal"}, {"code", "OK"}})],
+            3);
+  EXPECT_EQ((*series)[SeriesKey("attnserve_requests_total",
+                                {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}})],
+            1);
+}
+
+TEST(HttpOptionsTest, OffAndBadAddresses) {
+  ServerOptions options = DemoOptions();
+  options.http_listen = "off";
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->http_port(), 0);
+  options.http_listen = "nonsense";
+  EXPECT_FALSE(CheckOptions(options).ok());
+  options.http_listen = "127.0.0.1:0";
+  options.http_max_connections = 0;
+  EXPECT_FALSE(CheckOptions(options).ok());
+}
+
+}  // namespace
+}  // namespace attnserve::server::testing
