@@ -191,7 +191,10 @@ TEST(SchedulerTest, CallsOfDifferentVersionsAreNeverMerged) {
   const auto runs = reporter.runs();
   ASSERT_EQ(runs.size(), 4u);
   for (const auto& record : runs) EXPECT_EQ(record.run.batch_calls, 2);
-  // The calls let go of their versions once answered: only `second` holds version 2 now.
+  // The calls let go of their versions once answered (right after Finish returns): soon only
+  // `second` holds version 2.
+  const Clock::time_point end = Clock::now() + seconds(5);
+  while (second.use_count() > 1 && Clock::now() < end) std::this_thread::sleep_for(milliseconds(1));
   EXPECT_EQ(second.use_count(), 1);
 }
 
