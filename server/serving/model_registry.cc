@@ -326,6 +326,7 @@ absl::Status ModelRegistry::Publish(ServedModel& model, const RepositoryModelCon
       RetireLocked(model, v, it == next.end() ? "unloaded (version policy)" : "replaced");
     }
   }
+  const VersionHandle newest_before = model.ready.empty() ? nullptr : model.ready.back();
   model.ready.clear();
   for (auto& [version, handle] : next) model.ready.push_back(handle);
   if (!model.ready.empty()) model.unloaded = false;
@@ -333,7 +334,11 @@ absl::Status ModelRegistry::Publish(ServedModel& model, const RepositoryModelCon
     Log(LogLevel::kInfo, "model version ready", SummaryFields(handle->summary));
   }
   model.scheduler->SetMaxQueue(config.max_queue.value_or(options_.scheduler.max_queue));
-  if (!model.ready.empty()) reporter_->metrics().SetModelInfo(model.ready.back()->summary);
+  // attnserve_model_info describes the newest ready version; a poll that changes nothing leaves
+  // the series alone.
+  if (!model.ready.empty() && model.ready.back() != newest_before) {
+    reporter_->metrics().SetModelInfo(model.ready.back()->summary);
+  }
   PublishStateLocked(model);
   if (!errors.empty()) {
     return absl::InvalidArgumentError(

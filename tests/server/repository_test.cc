@@ -159,14 +159,18 @@ class Client {
     return status;
   }
 
-  // READY (or UNLOADING) versions ListModels shows for `model`: version -> state.
+  // The READY versions ListModels shows for `model`: version -> state. (A retired version is
+  // listed UNLOADING while a call holds it, which includes the moment after a call's reply is
+  // sent and before its hold ends: the tests that look for it use the index.)
   std::map<uint64_t, v1::ModelState> Versions(const std::string& model) {
     v1::ListModelsResponse response;
     grpc::ClientContext context;
     EXPECT_TRUE(v1_->ListModels(&context, {}, &response).ok());
     std::map<uint64_t, v1::ModelState> versions;
     for (const v1::ModelInfo& info : response.models()) {
-      if (info.name() == model) versions[info.version()] = info.state();
+      if (info.name() == model && info.state() == v1::MODEL_STATE_READY) {
+        versions[info.version()] = info.state();
+      }
     }
     return versions;
   }

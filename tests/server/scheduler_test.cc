@@ -196,7 +196,10 @@ TEST(SchedulerTest, CallsOfDifferentVersionsAreNeverMerged) {
   const auto runs = reporter.runs();
   ASSERT_EQ(runs.size(), 4u);
   for (const auto& record : runs) EXPECT_EQ(record.run.batch_calls, 2);
-  // The calls let go of their versions once answered: only `second` holds version 2 now.
+  // The calls let go of their versions once answered (right after Finish returns): soon only
+  // `second` holds version 2.
+  const Clock::time_point end = Clock::now() + seconds(5);
+  while (second.use_count() > 1 && Clock::now() < end) std::this_thread::sleep_for(milliseconds(1));
   EXPECT_EQ(second.use_count(), 1);
 }
 
@@ -353,7 +356,8 @@ TEST(SchedulerOverloadTest, ADeadlineTheQueuedWorkCannotMeetIsRefusedAtOnceBefor
   EXPECT_LT(Clock::now() - start, milliseconds(5)) << "a refusal waits for nothing";
   // With its size known (after decode), a call whose own run outlasts its deadline is refused
   // too, and gives its place back.
-  ASSERT_TRUE(scheduler.Reserve().ok());
+  const absl::Status reserved = scheduler.Reserve();
+  ASSERT_TRUE(reserved.ok()) << reserved;
   FakeJob late({512, 512, 512, 512}, 512, 99, Clock::now() + milliseconds(5));
   EXPECT_EQ(scheduler.Submit(&late).code(), absl::StatusCode::kDeadlineExceeded);
   scheduler.Release();
