@@ -55,9 +55,15 @@ struct RunClock {
   Clock::time_point decode_start;
 };
 
+// The barrier's completion: every prompt is answered, the decode window opens.
+struct OpenDecodeWindow {
+  RunClock* clock;
+  void operator()() noexcept { clock->decode_start = Clock::now(); }
+};
+
 // One session: opens, sends its prompt, waits for every prompt, then steps.
 void RunSession(const AttentionClient& connection, const DecodeWork& work, int index,
-                std::barrier<std::function<void()>>& prompts_done, const RunClock& clock,
+                std::barrier<OpenDecodeWindow>& prompts_done, const RunClock& clock,
                 SessionFigures& f) {
   const Clock::time_point start = Clock::now();
   v1::DecodeResponse response;
@@ -129,10 +135,7 @@ absl::StatusOr<StepReport> RunDecodeLoad(const std::vector<const AttentionClient
     return absl::InvalidArgumentError("a decode run needs connections, a prompt and a session");
   }
   RunClock clock;
-  std::function<void()> on_prompts_done = [&clock]() noexcept {
-    clock.decode_start = Clock::now();
-  };
-  std::barrier<std::function<void()>> prompts_done(sessions, on_prompts_done);
+  std::barrier<OpenDecodeWindow> prompts_done(sessions, OpenDecodeWindow{&clock});
   std::vector<SessionFigures> figures(static_cast<size_t>(sessions));
   clock.start = Clock::now();
   clock.decode_start = clock.start;
