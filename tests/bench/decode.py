@@ -83,7 +83,7 @@ class Server:
         self.log = open(os.path.join(workdir, f"server-{self.port}.log"), "w")
         port_file = os.path.join(workdir, f"port-{self.port}")
         argv = [binary, "--listen", f"127.0.0.1:{self.port}", "--port-file", port_file,
-                "--metrics-listen", "off", "--log-level", "warn"]
+                "--metrics-listen", "off", "--http-listen", "off", "--log-level", "warn"]
         argv += [f"--model={m}" for m in models] + list(extra)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120

@@ -14,6 +14,7 @@ def main():
     parser.add_argument("--listen", required=True)
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--metrics-listen")
+    parser.add_argument("--http-listen")  # ServerProcess turns attnserve's REST port off
     parser.add_argument("--exposition", action="append", required=True)
     args = parser.parse_args()
     bodies = [pathlib.Path(p).read_bytes() for p in args.exposition]

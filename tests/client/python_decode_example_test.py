@@ -34,7 +34,8 @@ def start_server(server, workdir, port, name, extra=()):
     port_file = os.path.join(workdir, f"{name}.port")
     log = open(os.path.join(workdir, f"{name}.log"), "w")
     proc = subprocess.Popen([server, "--listen", f"127.0.0.1:{port}", "--port-file", port_file,
-                             "--threads", "2", "--metrics-listen=off", "--log-level", "warn",
+                             "--threads", "2", "--metrics-listen=off", "--http-listen=off",
+                             "--log-level", "warn",
                              *extra],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
