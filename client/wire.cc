@@ -56,7 +56,8 @@ static_assert(v1::ATTENTION_KIND_CAUSAL_CROSS ==
               static_cast<int>(core::AttentionKind::kCausalCross) + 1);
 
 absl::StatusOr<v1::AttentionKind> ParseKind(absl::string_view name) {
-  const std::optional<core::AttentionKind> kind = core::KindFromName(std::string_view(name.data(), name.size()));
+  const std::optional<core::AttentionKind> kind =
+      core::KindFromName(std::string_view(name.data(), name.size()));
   if (!kind) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown kind '", name, "': expected ", KindNames(", ")));

@@ -7,8 +7,6 @@
 
 #include "core/attention_kernel.h"
 
-#include "core/dnnl_context.h"
-
 #include <omp.h>
 
 #include <algorithm>
@@ -22,6 +20,7 @@
 #include <vector>
 
 #include "core/attention_tiles.h"
+#include "core/dnnl_context.h"
 
 namespace attnserve::core {
 namespace internal {

@@ -30,9 +30,7 @@ int64_t KvSequence::block_bytes() const {
 
 int64_t KvSequence::bytes() const { return static_cast<int64_t>(blocks_.size()) * block_bytes(); }
 
-const void* KvSequence::values(int64_t b) const {
-  return blocks_[b].get() + block_bytes() / 2;
-}
+const void* KvSequence::values(int64_t b) const { return blocks_[b].get() + block_bytes() / 2; }
 
 absl::Status KvSequence::Reserve(int64_t length) {
   const size_t needed = static_cast<size_t>((length + kKvBlockTokens - 1) / kKvBlockTokens);

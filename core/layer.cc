@@ -580,7 +580,8 @@ absl::Status Layer::Impl::Decode(AttentionKind kind,
     const void* a = attended;
     if (bf16()) {
       uint16_t* a16 = scratch.attention16.As<uint16_t>(rows * inner);
-      for (int64_t r = 0; r < rows; ++r) ConvertToBf16(attended + r * inner, a16 + r * inner, inner);
+      for (int64_t r = 0; r < rows; ++r)
+        ConvertToBf16(attended + r * inner, a16 + r * inner, inner);
       a = a16;
     }
     float* out = scratch.input.As<float>(rows * spec.d_model);  // the packed input is done with

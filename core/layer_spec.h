@@ -20,9 +20,9 @@ constexpr bool IsCross(AttentionKind kind) {
 }
 
 // Every kind, in the wire's order.
-inline constexpr AttentionKind kAttentionKinds[] = {
-    AttentionKind::kBidirectional, AttentionKind::kCausal, AttentionKind::kCross,
-    AttentionKind::kCausalCross};
+inline constexpr AttentionKind kAttentionKinds[] = {AttentionKind::kBidirectional,
+                                                    AttentionKind::kCausal, AttentionKind::kCross,
+                                                    AttentionKind::kCausalCross};
 
 // The one spelling of each kind everywhere but the proto enum: "bidirectional", "causal",
 // "cross", "causal_cross" (the enum's names lower-cased) in logs, metrics, the CLI and the
@@ -55,7 +55,7 @@ struct LayerSpec {
   int64_t d_model = 0;    // width of the input and of the output
   int64_t d_context = 0;  // width of the cross-attention context (d_model unless said)
   int64_t num_heads = 0;
-  int64_t head_dim = 0;   // d_model / num_heads unless said
+  int64_t head_dim = 0;  // d_model / num_heads unless said
   bool has_bias = false;
   bool has_output_projection = false;
   WeightLayout layout = WeightLayout::kBuiltIn;

@@ -177,8 +177,7 @@ absl::Status Layer::Validate(const ForwardArgs& args) const {
   return CheckCallSize(spec, args);
 }
 
-absl::Status Layer::ValidateBatch(const RaggedBatch& batch, bool context,
-                                  const char* what) const {
+absl::Status Layer::ValidateBatch(const RaggedBatch& batch, bool context, const char* what) const {
   const LayerSpec& spec = this->spec();
   return context ? CheckBatch(what, batch, spec.d_context, "d_context")
                  : CheckBatch(what, batch, spec.d_model, "d_model");
@@ -199,9 +198,10 @@ absl::Status CheckOutputFinite(const RaggedBatch& input, std::span<const float> 
       non_finite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
     }
     if (non_finite != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", b, ": the output is not finite: the layer overflowed float32 on its "
-          "inputs (values this large cannot be computed; scale them down)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", b,
+                       ": the output is not finite: the layer overflowed float32 on its "
+                       "inputs (values this large cannot be computed; scale them down)"));
     }
     row += input.packed() ? count : input.padded_length * width;
   }

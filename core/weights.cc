@@ -318,9 +318,9 @@ absl::StatusOr<int64_t> ResolveNumHeads(const SafetensorsFile& file, const LoadO
   }
   int64_t num_heads = 0;
   if (!absl::SimpleAtoi(it->second, &num_heads)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file.path, ": __metadata__ num_heads '", NameForMessage(it->second),
-                     "' is not an integer"));
+    return absl::InvalidArgumentError(absl::StrCat(file.path, ": __metadata__ num_heads '",
+                                                   NameForMessage(it->second),
+                                                   "' is not an integer"));
   }
   return num_heads;
 }

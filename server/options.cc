@@ -162,8 +162,8 @@ absl::Status CheckOptions(const ServerOptions& options) {
   }
   if (options.kv_cache_precision != "auto" && options.kv_cache_precision != "f32" &&
       options.kv_cache_precision != "bf16") {
-    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-precision must be auto, f32 or bf16, got '",
-                                                   options.kv_cache_precision, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-precision must be auto, f32 or bf16, got '", options.kv_cache_precision, "'"));
   }
   if (options.queue_delay_target_ms < 0 || options.queue_delay_target_ms > 600'000) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -200,8 +200,8 @@ namespace {
 // memory.max, v1's memory.limit_in_bytes).
 int64_t MemoryLimitBytes() {
   int64_t limit = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-  for (const char* path : {"/sys/fs/cgroup/memory.max",
-                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     std::ifstream in(path);
     int64_t value = 0;
     if (in >> value && value > 0) limit = std::min(limit, value);

@@ -53,7 +53,7 @@ struct ServerOptions {
   int max_streams = 128;  // calls in flight per connection (HTTP/2 streams)
   // dynamic batching: token target per run; 0: none
   int64_t max_batch_tokens = SchedulerOptions{}.max_batch_tokens;
-  int64_t max_queue_delay_us = 0;        // how long a call may wait for others to merge with
+  int64_t max_queue_delay_us = 0;  // how long a call may wait for others to merge with
   // decode sessions: the KV cache budget in MiB (0: a quarter of the memory the process may
   // use, its cgroup's limit included), sessions open at once, tokens one sequence may hold, and
   // the cache's storage ("auto": the model's precision; "f32"; "bf16")

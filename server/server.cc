@@ -438,9 +438,9 @@ void Server::LogSummary(const ServerOptions& options) const {
                      "models' names, shapes and traffic; use ",
                      metrics_tls ? "" : "--tls-cert/--tls-key (--metrics-tls follows them) and ",
                      "--metrics-token-file, or --metrics-listen 127.0.0.1:PORT"),
-        {{"address", absl::StrCat(options.metrics_listen.substr(
-                                      0, options.metrics_listen.rfind(':')),
-                                  ":", metrics_port_)},
+        {{"address",
+          absl::StrCat(options.metrics_listen.substr(0, options.metrics_listen.rfind(':')), ":",
+                       metrics_port_)},
          {"transport", metrics_tls ? "tls" : "plaintext"},
          {"auth", metrics_tokens ? "bearer tokens" : "none"}});
   }

@@ -101,7 +101,7 @@ class Server {
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<AttentionService> service_;
-  std::unique_ptr<SequenceTable> sequences_;  // sessions keyed by the OIP's sequence_id
+  std::unique_ptr<SequenceTable> sequences_;          // sessions keyed by the OIP's sequence_id
   std::shared_ptr<TokenAuthenticator> auth_;          // null: no tokens asked for
   std::shared_ptr<TokenAuthenticator> admin_tokens_;  // null: no --admin-token-file
   std::unique_ptr<AdminAuthorizer> admin_;

@@ -131,7 +131,8 @@ int64_t ForwardReplyBytes(const core::ForwardShapes& shapes) {
   return (shapes.output_size() + shapes.attention_size()) * int64_t{sizeof(float)} + 64;
 }
 
-std::vector<int64_t> OutputShape(const core::RaggedBatch& input, const core::ForwardShapes& shapes) {
+std::vector<int64_t> OutputShape(const core::RaggedBatch& input,
+                                 const core::ForwardShapes& shapes) {
   if (input.packed()) return {shapes.output_rows, shapes.output_width};
   return {input.batch(), input.padded_length, shapes.output_width};
 }

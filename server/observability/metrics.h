@@ -51,8 +51,8 @@ inline constexpr const char* kShedReasonNames[kShedReasons] = {"queue_full", "de
 // Why a decode session or step was refused for a limit (attnserve_sessions_refused_total).
 enum class SessionRefusal { kMaxSessions, kKvCache, kSessionTokens };
 inline constexpr int kSessionRefusals = 3;
-inline constexpr const char* kSessionRefusalNames[kSessionRefusals] = {
-    "max_sessions", "kv_cache", "session_tokens"};
+inline constexpr const char* kSessionRefusalNames[kSessionRefusals] = {"max_sessions", "kv_cache",
+                                                                       "session_tokens"};
 
 // One served model's series. A call for a model the server does not have is recorded on the
 // handle whose model label is "" (Metrics::ForModel), so clients cannot create series.

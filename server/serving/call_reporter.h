@@ -4,9 +4,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "server/serving/job.h"
 #include "server/observability/log_summary.h"
 #include "server/observability/metrics.h"
+#include "server/serving/job.h"
 
 namespace attnserve::server {
 

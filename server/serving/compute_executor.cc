@@ -26,8 +26,7 @@ void ComputeExecutor::Add(RunQueue* queue) {
 void ComputeExecutor::Remove(RunQueue* queue) {
   std::unique_lock lock(mu_);
   idle_cv_.wait(lock, [&] { return running_ != queue; });
-  queues_.erase(std::remove(queues_.begin(), queues_.end(), queue),
-                    queues_.end());
+  queues_.erase(std::remove(queues_.begin(), queues_.end(), queue), queues_.end());
   next_ = 0;
 }
 

@@ -51,10 +51,10 @@ class ComputeExecutor {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<RunQueue*> queues_;  // guarded by mu_
-  size_t next_ = 0;                     // guarded by mu_: who goes first next time
-  bool changed_ = false;                // guarded by mu_
-  bool stop_ = false;                   // guarded by mu_
-  RunQueue* running_ = nullptr;        // guarded by mu_: Remove waits while it runs
+  size_t next_ = 0;                // guarded by mu_: who goes first next time
+  bool changed_ = false;           // guarded by mu_
+  bool stop_ = false;              // guarded by mu_
+  RunQueue* running_ = nullptr;    // guarded by mu_: Remove waits while it runs
   std::condition_variable idle_cv_;
   std::thread thread_;
 };

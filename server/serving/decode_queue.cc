@@ -87,8 +87,7 @@ bool DecodeQueue::Finished(const Pending& step) {
   return true;
 }
 
-void DecodeQueue::AddChunk(Pending& step, int64_t* budget,
-                           std::vector<core::DecodeSequence>* run,
+void DecodeQueue::AddChunk(Pending& step, int64_t* budget, std::vector<core::DecodeSequence>* run,
                            std::vector<size_t>* sequence_of) const {
   Session& session = *step.session;
   const int64_t width = session.layer()->spec().d_model;

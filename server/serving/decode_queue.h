@@ -1,10 +1,10 @@
 #pragma once
 
 #include <atomic>
-#include <cstdint>
 #include <condition_variable>
-#include <list>
+#include <cstdint>
 #include <functional>
+#include <list>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -70,8 +70,8 @@ class DecodeQueue final : public RunQueue {
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
   std::list<Pending> pending_;  // guarded by mu_ (a list: a running step stays put)
-  bool closed_ = false;          // guarded by mu_
-  bool running_ = false;         // guarded by mu_
+  bool closed_ = false;         // guarded by mu_
+  bool running_ = false;        // guarded by mu_
 };
 
 }  // namespace attnserve::server

@@ -19,8 +19,8 @@
 #include "server/observability/model_summary.h"
 #include "server/serving/call_reporter.h"
 #include "server/serving/compute_executor.h"
-#include "server/serving/model_config.h"
 #include "server/serving/decode_queue.h"
+#include "server/serving/model_config.h"
 #include "server/serving/model_version.h"
 #include "server/serving/repository.h"
 #include "server/serving/scheduler.h"
@@ -39,7 +39,7 @@ struct RegistryOptions {
   std::vector<std::string> load_models;  // kExplicit, at start: names, or "*" for every one
   SchedulerOptions scheduler;
   int64_t decode_chunk_tokens = SessionOptions{}.chunk_tokens;  // tokens of a step a run takes
-  int compute_threads = 0;  // 0: every core
+  int compute_threads = 0;                                      // 0: every core
 };
 
 // One version as the repository index and ListModels report it.

@@ -30,14 +30,13 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
   const core::Layer* layer = version->layer.get();
   const std::string& model = version->name;
   if (kind != core::AttentionKind::kCausal && kind != core::AttentionKind::kCausalCross) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a decode session is causal or causal_cross, not ", std::string(core::KindName(kind))));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a decode session is causal or causal_cross, not ", std::string(core::KindName(kind))));
   }
   if (!layer->spec().Serves(kind)) {
-    return absl::InvalidArgumentError(absl::StrCat("model '", model, "' does not serve ",
-                                                   std::string(core::KindName(kind)), " (d_context ",
-                                                   layer->spec().d_context, " != d_model ",
-                                                   layer->spec().d_model, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", model, "' does not serve ", std::string(core::KindName(kind)), " (d_context ",
+        layer->spec().d_context, " != d_model ", layer->spec().d_model, ")"));
   }
   if (batch <= 0) {
     return absl::InvalidArgumentError("a session's first message has no sequences");
@@ -49,8 +48,8 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
             : "a causal session takes no context");
   }
   if (context != nullptr && context->batch() != batch) {
-    return absl::InvalidArgumentError(absl::StrCat("context batch ", context->batch(),
-                                                   " != input batch ", batch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("context batch ", context->batch(), " != input batch ", batch));
   }
   int open = open_.load();
   do {
@@ -61,10 +60,9 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
     }
   } while (!open_.compare_exchange_weak(open, open + 1));
   std::unique_ptr<Session> session(new Session(this, std::move(version), kind, queue, metrics));
-  const core::KvPrecision precision =
-      options_.precision.value_or(layer->precision() == core::Precision::kBF16
-                                      ? core::KvPrecision::kBF16
-                                      : core::KvPrecision::kF32);
+  const core::KvPrecision precision = options_.precision.value_or(
+      layer->precision() == core::Precision::kBF16 ? core::KvPrecision::kBF16
+                                                   : core::KvPrecision::kF32);
   const int64_t width = layer->spec().inner();
   session->positions_.assign(batch, 0);
   for (int64_t b = 0; b < batch; ++b) {
@@ -131,15 +129,15 @@ absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done
   std::unique_lock lock(mu_);
   const int64_t batch = this->batch();
   if (static_cast<int64_t>(args.tokens.size()) != batch) {
-    return absl::InvalidArgumentError(absl::StrCat("the session has ", batch,
-                                                   " sequences; this message has ",
-                                                   args.tokens.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the session has ", batch, " sequences; this message has ", args.tokens.size()));
   }
   const int64_t longest = *std::max_element(positions_.begin(), positions_.end());
   if (args.truncate_to && (*args.truncate_to < 0 || *args.truncate_to > longest)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("truncate_to ", *args.truncate_to, " is past the end: the longest sequence "
-                     "holds ", longest, " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat("truncate_to ", *args.truncate_to,
+                                                   " is past the end: the longest sequence "
+                                                   "holds ",
+                                                   longest, " tokens"));
   }
   std::vector<int64_t> kept(batch), lengths(batch);
   const int64_t limit = manager_->options().max_session_tokens;
@@ -148,9 +146,9 @@ absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done
     lengths[b] = kept[b] + args.tokens[b];
     if (lengths[b] > limit) {
       if (metrics_ != nullptr) metrics_->SessionRefused(SessionRefusal::kSessionTokens);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "sequence ", b, " would hold ", lengths[b], " tokens, over the limit of ", limit,
-          " (--max-session-tokens); truncate it or end the session"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("sequence ", b, " would hold ", lengths[b], " tokens, over the limit of ",
+                       limit, " (--max-session-tokens); truncate it or end the session"));
     }
   }
   if (queue_->closed()) return absl::UnavailableError("the server is shutting down");

@@ -121,8 +121,7 @@ class SessionManager {
   // by the first step's run. InvalidArgument for another kind or a layer that cannot serve it;
   // ResourceExhausted when --max-sessions are open.
   absl::StatusOr<std::unique_ptr<Session>> Open(VersionHandle version, core::AttentionKind kind,
-                                                int64_t batch,
-                                                const core::RaggedBatch* context,
+                                                int64_t batch, const core::RaggedBatch* context,
                                                 DecodeQueue* queue, ModelMetrics* metrics);
 
   // Sessions open now.

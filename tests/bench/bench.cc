@@ -121,8 +121,8 @@ absl::StatusOr<std::unique_ptr<ShapeCall>> MakeShapeCall(const Shape& shape,
   call->args.input = {call->input.data(), shape.d_model, shape.lengths, shape.padded, {}};
   if (core::IsCross(shape.kind)) {
     call->context = RandomValues(batch * shape.kv_padded * shape.d_context, 12);
-    call->args.context =
-        core::RaggedBatch{call->context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded, {}};
+    call->args.context = core::RaggedBatch{
+        call->context.data(), shape.d_context, shape.kv_lengths, shape.kv_padded, {}};
   }
   call->output.resize(call->layer->Shapes(call->args).output_size());
   return call;

@@ -94,7 +94,8 @@ std::string ForwardBytes(const Options& o) {
   attnserve::v1::AttentionKind kind;
   std::string upper = "ATTENTION_KIND_" + o.kind;
   std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
-  if (!attnserve::v1::AttentionKind_Parse(upper, &kind)) kind = attnserve::v1::ATTENTION_KIND_UNSPECIFIED;
+  if (!attnserve::v1::AttentionKind_Parse(upper, &kind))
+    kind = attnserve::v1::ATTENTION_KIND_UNSPECIFIED;
   request.set_kind(kind);
   const std::vector<float> x = Input(o);
   auto* input = request.mutable_input();
@@ -153,14 +154,24 @@ class Load {
   }
 
   void Done(Call* call, const grpc::Status& status) {
-    const double ms =
-        std::chrono::duration<double, std::milli>(Clock::now() - call->start).count();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - call->start).count();
     delete call;
-    static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                   "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                   "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-                                   "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-                                   "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    static const char* kNames[] = {"OK",
+                                   "CANCELLED",
+                                   "UNKNOWN",
+                                   "INVALID_ARGUMENT",
+                                   "DEADLINE_EXCEEDED",
+                                   "NOT_FOUND",
+                                   "ALREADY_EXISTS",
+                                   "PERMISSION_DENIED",
+                                   "RESOURCE_EXHAUSTED",
+                                   "FAILED_PRECONDITION",
+                                   "ABORTED",
+                                   "OUT_OF_RANGE",
+                                   "UNIMPLEMENTED",
+                                   "INTERNAL",
+                                   "UNAVAILABLE",
+                                   "DATA_LOSS",
                                    "UNAUTHENTICATED"};
     const int code = status.error_code();
     bool again = !stop_.load();

@@ -66,7 +66,8 @@ class DecodeTest : public ::testing::TestWithParam<GoldenCase> {
       Sequence& s = sequences[b];
       s.cache = std::make_unique<KvSequence>(layer_->spec().inner(), precision, &budget_, &bytes_);
       if (c.kind != AttentionKind::kCausalCross) continue;
-      s.context = std::make_unique<KvSequence>(layer_->spec().inner(), precision, &budget_, &bytes_);
+      s.context =
+          std::make_unique<KvSequence>(layer_->spec().inner(), precision, &budget_, &bytes_);
       const test::GoldenBatch& ctx = *c.context;
       const int64_t length = ctx.lengths[b];
       EXPECT_TRUE(s.context->Reserve(length).ok());
@@ -172,7 +173,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeTest, ::testing::ValuesIn(DecodeCases()
                            std::string name = info.param.name;
                            std::replace_if(
                                name.begin(), name.end(),
-                               [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); },
+                               [](char ch) {
+                                 return !std::isalnum(static_cast<unsigned char>(ch));
+                               },
                                '_');
                            return name;
                          });

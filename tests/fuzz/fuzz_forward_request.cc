@@ -1,6 +1,6 @@
 // libFuzzer harness: bytes as an attnserve.v1.ForwardRequest, through what the server does with
-// a call before and after it queues it: DecodeForwardRequest (server/frontends/v1/forward_codec.h), then
-// core::Layer::Validate on the demo layer and, for a small valid call, the reply buffers
+// a call before and after it queues it: DecodeForwardRequest (server/frontends/v1/forward_codec.h),
+// then core::Layer::Validate on the demo layer and, for a small valid call, the reply buffers
 // (PrepareForwardResponse) and Forward into them. Any input must give a status, never a crash
 // or a sanitizer report. Kept small on purpose: the codec's API is the thing most likely to move.
 #include <cstddef>
@@ -9,10 +9,10 @@
 #include <memory>
 
 #include "attnserve/v1/attention.pb.h"
-#include "google/protobuf/stubs/logging.h"
 #include "core/layer.h"
 #include "core/runtime_info.h"
 #include "core/weights.h"
+#include "google/protobuf/stubs/logging.h"
 #include "server/frontends/v1/forward_codec.h"
 
 namespace {

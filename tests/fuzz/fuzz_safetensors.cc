@@ -48,11 +48,11 @@ void ForwardOnce(const Layer& layer, AttentionKind kind) {
   const std::vector<float> context(2 * 2 * spec.d_context, -0.5f);
   ForwardArgs args;
   args.kind = kind;
-  args.input = RaggedBatch{.data = input.data(), .width = spec.d_model, .lengths = {2, 1},
-                           .padded_length = 2};
+  args.input = RaggedBatch{
+      .data = input.data(), .width = spec.d_model, .lengths = {2, 1}, .padded_length = 2};
   if (IsCross(kind)) {
-    args.context = RaggedBatch{.data = context.data(), .width = spec.d_context,
-                               .lengths = {1, 2}, .padded_length = 2};
+    args.context = RaggedBatch{
+        .data = context.data(), .width = spec.d_context, .lengths = {1, 2}, .padded_length = 2};
   }
   args.return_attention = true;
   if (!layer.Validate(args).ok()) return;  // e.g. a self kind on a cross-only layer

@@ -85,7 +85,8 @@ TEST_F(GoldenDecodeTest, EveryStepEqualsPyTorchsRowsOfTheWholeSequence) {
     std::unique_ptr<Stream> stream = stub->Decode(&context);
     const int64_t batch = c.input.batch, width = c.input.width;
     std::vector<const float*> rows(batch);
-    for (int64_t b = 0; b < batch; ++b) rows[b] = c.input.values.data() + b * c.input.seq_len * width;
+    for (int64_t b = 0; b < batch; ++b)
+      rows[b] = c.input.values.data() + b * c.input.seq_len * width;
     std::vector<int64_t> position(batch, 0);
     for (int step = 0;; ++step) {
       std::vector<int64_t> tokens(batch);
@@ -114,8 +115,8 @@ TEST_F(GoldenDecodeTest, EveryStepEqualsPyTorchsRowsOfTheWholeSequence) {
         for (int64_t t = 0; t < tokens[b]; ++t) {
           const int64_t row = b * c.input.seq_len + position[b] + t;
           for (int64_t k = 0; k < c.d_output; ++k) {
-            ASSERT_NEAR(output[(b * n + t) * c.d_output + k], c.expected_output[row * c.d_output + k],
-                        1e-4f)
+            ASSERT_NEAR(output[(b * n + t) * c.d_output + k],
+                        c.expected_output[row * c.d_output + k], 1e-4f)
                 << "sequence " << b << " position " << position[b] + t;
           }
         }
@@ -306,7 +307,8 @@ TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
   ASSERT_TRUE(samples.ok()) << samples.status();
   // The step ran in a run with a chunk of the prompt: some run held more than one session's
   // tokens but none the whole prompt.
-  const double runs = (*samples)[SeriesKey("attnserve_decode_step_tokens_count", {{"model", "demo"}})];
+  const double runs =
+      (*samples)[SeriesKey("attnserve_decode_step_tokens_count", {{"model", "demo"}})];
   const double small = (*samples)[SeriesKey("attnserve_decode_step_tokens_bucket",
                                             {{"le", "256"}, {"model", "demo"}})];
   const double all = (*samples)[SeriesKey("attnserve_decode_step_tokens_bucket",
@@ -348,8 +350,8 @@ inference::ModelInferRequest SequenceRequest(const std::vector<float>& sequence,
   input->set_name("input");
   input->set_datatype("FP32");
   for (int64_t d : {int64_t{1}, n, kWidth}) input->add_shape(d);
-  request.add_raw_input_contents(std::string(reinterpret_cast<const char*>(sequence.data() + from * kWidth),
-                                             n * kWidth * sizeof(float)));
+  request.add_raw_input_contents(std::string(
+      reinterpret_cast<const char*>(sequence.data() + from * kWidth), n * kWidth * sizeof(float)));
   (*request.mutable_parameters())["sequence_id"].set_uint64_param(id);
   if (start) (*request.mutable_parameters())["sequence_start"].set_bool_param(true);
   if (end) (*request.mutable_parameters())["sequence_end"].set_bool_param(true);
@@ -376,7 +378,8 @@ TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
   ASSERT_TRUE(call(SequenceRequest(sequence_, 0, 10, 7, true, false), &response).ok());
   std::vector<float> got = RawOutput(response);
   for (int64_t p = 10; p < 14; ++p) {
-    const grpc::Status status = call(SequenceRequest(sequence_, p, 1, 7, false, p == 13), &response);
+    const grpc::Status status =
+        call(SequenceRequest(sequence_, p, 1, 7, false, p == 13), &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
     const std::vector<float> row = RawOutput(response);
     got.insert(got.end(), row.begin(), row.end());
@@ -412,7 +415,8 @@ TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheS
   // Unknown sequence without sequence_start: NOT_FOUND in the stream.
   ASSERT_TRUE(stream->Write(SequenceRequest(sequence_, 0, 2, 99, false, false)));
   ASSERT_TRUE(stream->Read(&response));
-  EXPECT_NE(response.error_message().find("NOT_FOUND"), std::string::npos) << response.error_message();
+  EXPECT_NE(response.error_message().find("NOT_FOUND"), std::string::npos)
+      << response.error_message();
   ASSERT_TRUE(stream->Write(SequenceRequest(sequence_, 0, 3, 5, true, false)));
   ASSERT_TRUE(stream->Read(&response));
   EXPECT_EQ(response.error_message(), "");
@@ -434,17 +438,17 @@ TEST_F(DecodeServiceTest, ASequenceIdleLongerThanTheTimeoutEnds) {
   auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
   inference::ModelInferResponse response;
   grpc::ClientContext start_context;
-  ASSERT_TRUE(infer->ModelInfer(&start_context, SequenceRequest(sequence_, 0, 4, 3, true, false),
-                                &response)
-                  .ok());
+  ASSERT_TRUE(
+      infer->ModelInfer(&start_context, SequenceRequest(sequence_, 0, 4, 3, true, false), &response)
+          .ok());
   EXPECT_EQ(Gauge("attnserve_sessions"), 1);
   std::this_thread::sleep_for(std::chrono::milliseconds(1600));
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
   grpc::ClientContext late_context;
-  EXPECT_EQ(infer->ModelInfer(&late_context, SequenceRequest(sequence_, 4, 1, 3, false, false),
-                              &response)
-                .error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(
+      infer->ModelInfer(&late_context, SequenceRequest(sequence_, 4, 1, 3, false, false), &response)
+          .error_code(),
+      grpc::StatusCode::NOT_FOUND);
 }
 
 // Resident memory of this process (the server runs in it), in bytes.

@@ -82,8 +82,7 @@ TEST(LoadTest, RequestOverTheMessageLimitIsResourceExhausted) {
   {
     v1::ForwardResponse response;
     grpc::ClientContext context;
-    const grpc::Status status =
-        stub->Forward(&context, DemoRequest(2, 1024), &response);  // 2 MiB
+    const grpc::Status status = stub->Forward(&context, DemoRequest(2, 1024), &response);  // 2 MiB
     EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
   }
   {

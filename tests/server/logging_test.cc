@@ -1,8 +1,6 @@
 // The log as an operator reads it: floods summarised (LogSummarizer), and gRPC's and
 // protobuf's own lines written by our logger, as JSON and at our level.
 
-#include "server/observability/log_setup.h"
-
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -13,6 +11,7 @@
 #include "grpc/support/log.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "server/observability/log_setup.h"
 #include "server/observability/log_summary.h"
 
 namespace attnserve::server {

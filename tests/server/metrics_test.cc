@@ -23,8 +23,8 @@ namespace {
 using testing::Scrape;
 using testing::SeriesKey;
 
-ModelSummary Summary(std::string name, std::string layout, std::string precision,
-                     int64_t d_model, int64_t d_context, int64_t num_heads, int64_t head_dim) {
+ModelSummary Summary(std::string name, std::string layout, std::string precision, int64_t d_model,
+                     int64_t d_context, int64_t num_heads, int64_t head_dim) {
   ModelSummary summary;
   summary.name = std::move(name);
   summary.layout = std::move(layout);

@@ -242,8 +242,9 @@ TEST(ProcessTest, EveryCallInADrainEndsOkOrUnavailable) {
 // code of its own rather than from generated descriptors.
 TEST(ProcessTest, ReflectionDescribesEveryServiceItLists) {
   const std::string port_file = TempPath("reflection.port");
-  ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--metrics-listen", "off"},
-                    TempPath("reflection.log"));
+  ChildServer child(
+      {"--listen", "127.0.0.1:0", "--port-file", port_file, "--metrics-listen", "off"},
+      TempPath("reflection.log"));
   const int port = child.WaitForPort(port_file, seconds(20));
   ASSERT_GT(port, 0) << child.Output();
   auto stub = grpc::reflection::v1::ServerReflection::NewStub(Connect(port));

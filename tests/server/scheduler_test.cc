@@ -72,7 +72,7 @@ class FakeJob final : public Job {
     return shapes.output_size() * 4;
   }
   absl::StatusOr<ForwardBuffers> Buffers(const core::ForwardShapes& shapes) override {
-    std::this_thread::sleep_for(slow_buffers_);  // a run that takes at least this long
+    std::this_thread::sleep_for(slow_buffers_);   // a run that takes at least this long
     output_.assign(shapes.output_size(), -1.0f);  // Buffers promises zeros: check it writes them
     std::fill(output_.begin(), output_.end(), 0.0f);
     return ForwardBuffers{output_, {}};

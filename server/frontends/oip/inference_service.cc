@@ -1,9 +1,9 @@
 #include "server/frontends/oip/inference_service.h"
 
-#include <memory>
-#include <optional>
 #include <filesystem>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,8 +35,7 @@ void AddTensor(
 bool MayBeSequence(const grpc::ByteBuffer& request) {
   std::vector<grpc::Slice> slices;
   if (!request.Dump(&slices).ok() || slices.empty()) return false;
-  const absl::string_view first(reinterpret_cast<const char*>(slices[0].begin()),
-                                slices[0].size());
+  const absl::string_view first(reinterpret_cast<const char*>(slices[0].begin()), slices[0].size());
   return first.substr(0, 4096).find("sequence_id") != absl::string_view::npos;
 }
 
@@ -173,8 +172,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
         return reactor;
       }
       if (params->has_value()) {
-        return new SequenceInferCall(admission_, sequences_, std::move(parsed), **params,
-                                     response);
+        return new SequenceInferCall(admission_, sequences_, std::move(parsed), **params, response);
       }
     }
   }

@@ -112,8 +112,8 @@ void SequenceStep::Run(std::function<void(absl::Status)> done) {
   const bool end = params_.end;
   const std::string id = params_.id;
   SequenceTable* table = table_;
-  absl::Status refused = session_->Step(
-      std::move(args), [this, end, id, table, done](absl::Status status) {
+  absl::Status refused =
+      session_->Step(std::move(args), [this, end, id, table, done](absl::Status status) {
         // The sequence ends once its last step is answered; its cache goes with it.
         session_.reset();
         if (end) table->End(id);

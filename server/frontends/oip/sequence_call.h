@@ -59,9 +59,8 @@ class SequenceStep {
 
 // Triton's ModelStreamInfer: one stream of sequence steps, answered in order, each failure as
 // the response's error_message with the stream open.
-class StreamInferCall final
-    : public grpc::ServerBidiReactor<inference::ModelInferRequest,
-                                     inference::ModelStreamInferResponse> {
+class StreamInferCall final : public grpc::ServerBidiReactor<inference::ModelInferRequest,
+                                                             inference::ModelStreamInferResponse> {
  public:
   StreamInferCall(Admission* admission, SequenceTable* table);
 

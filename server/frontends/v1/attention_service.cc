@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <string>
 
-#include "server/frontends/v1/decode_call.h"
 #include "server/frontends/raw_call.h"
+#include "server/frontends/v1/decode_call.h"
 #include "server/frontends/v1/forward_call.h"
 #include "server/frontends/v1/forward_codec.h"
 

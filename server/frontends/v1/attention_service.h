@@ -8,7 +8,8 @@ namespace attnserve::server {
 // attnserve.v1.AttentionService on gRPC's callback API, every method raw (we parse the bytes, so
 // a body that is not the method's message gets INVALID_ARGUMENT with a message). Forward's bytes
 // go to a ForwardCall, which admission decodes only once the call may be served; ListModels is
-// answered at once; each Decode stream is a DecodeCall (typed: its messages are small). Nothing here decides anything: the methods convert and delegate.
+// answered at once; each Decode stream is a DecodeCall (typed: its messages are small). Nothing
+// here decides anything: the methods convert and delegate.
 class AttentionService final
     : public v1::AttentionService::WithRawCallbackMethod_Forward<
           v1::AttentionService::WithRawCallbackMethod_ListModels<

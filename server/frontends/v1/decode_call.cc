@@ -77,16 +77,15 @@ bool DecodeCall::OpenSession() {
   core::RaggedBatch context;
   std::vector<float> context_copy;
   if (s.ok() && cross) {
-    s = DecodeTensorBatch(request_.context(), request_.context_lengths(), "context",
-                          &context_copy, nullptr, &context);
+    s = DecodeTensorBatch(request_.context(), request_.context_lengths(), "context", &context_copy,
+                          nullptr, &context);
   }
   if (!s.ok()) {
     Answer(s);
     return false;
   }
-  absl::StatusOr<std::unique_ptr<Session>> session =
-      admission_->OpenSession(request_.model(), request_.version(), *kind, input_.batch(),
-                              cross ? &context : nullptr);
+  absl::StatusOr<std::unique_ptr<Session>> session = admission_->OpenSession(
+      request_.model(), request_.version(), *kind, input_.batch(), cross ? &context : nullptr);
   if (session.ok() && cross) {
     absl::Status valid = (*session)->layer()->ValidateBatch(context, /*context=*/true, "context");
     if (!valid.ok()) session = valid;
@@ -107,7 +106,8 @@ bool DecodeCall::OpenSession() {
 
 absl::Status DecodeCall::DecodeNext() {
   if (!request_.model().empty() && request_.model() != session_->model()) {
-    return absl::InvalidArgumentError("model differs from the session's (set by its first message)");
+    return absl::InvalidArgumentError(
+        "model differs from the session's (set by its first message)");
   }
   if (request_.kind() != v1::ATTENTION_KIND_UNSPECIFIED &&
       KindFromProto(request_.kind()).value_or(core::AttentionKind::kBidirectional) !=
@@ -125,16 +125,14 @@ absl::Status DecodeCall::MakeStep(StepArgs* args) {
   const core::Layer& layer = *session_->layer();
   if (absl::Status s = layer.ValidateBatch(input_, /*context=*/false, "input"); !s.ok()) return s;
   if (input_.batch() != session_->batch()) {
-    return absl::InvalidArgumentError(absl::StrCat("the session has ", session_->batch(),
-                                                   " sequences; this message has ",
-                                                   input_.batch()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the session has ", session_->batch(), " sequences; this message has ", input_.batch()));
   }
   core::ForwardShapes shapes;
   shapes.output_rows = input_.rows();
   shapes.output_width = layer.spec().d_output();
-  absl::StatusOr<std::span<float>> output =
-      SizeReplyTensor(OutputShape(input_, shapes), shapes.output_size(), raw_,
-                      response_.mutable_output());
+  absl::StatusOr<std::span<float>> output = SizeReplyTensor(
+      OutputShape(input_, shapes), shapes.output_size(), raw_, response_.mutable_output());
   if (!output.ok()) return output.status();
   *args = MakeStepArgs(input_, *output, shapes.output_width);
   if (request_.has_truncate_to()) args->truncate_to = request_.truncate_to();

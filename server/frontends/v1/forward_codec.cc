@@ -126,8 +126,9 @@ absl::Status DecodeForwardRequest(const v1::ForwardRequest& request, DecodedForw
   core::ForwardArgs& args = decoded->args;
   args.kind = *kind;
   args.return_attention = request.return_attention();
-  absl::Status status = DecodeTensorBatch(request.input(), request.lengths(), "input",
-                                    &decoded->input_copy, &decoded->raw_encoding, &args.input);
+  absl::Status status =
+      DecodeTensorBatch(request.input(), request.lengths(), "input", &decoded->input_copy,
+                        &decoded->raw_encoding, &args.input);
   if (!status.ok()) return status;
   if (!request.has_context() || !HasTensor(request.context())) {
     if (!request.context_lengths().empty()) {
@@ -139,7 +140,7 @@ absl::Status DecodeForwardRequest(const v1::ForwardRequest& request, DecodedForw
   // The reply's encoding follows the input's alone; the context may come either way.
   args.context.emplace();
   return DecodeTensorBatch(request.context(), request.context_lengths(), "context",
-                     &decoded->context_copy, /*raw=*/nullptr, &*args.context);
+                           &decoded->context_copy, /*raw=*/nullptr, &*args.context);
 }
 
 absl::StatusOr<ForwardBuffers> PrepareForwardResponse(const DecodedForward& decoded,
@@ -148,13 +149,13 @@ absl::StatusOr<ForwardBuffers> PrepareForwardResponse(const DecodedForward& deco
   ForwardBuffers buffers;
   absl::StatusOr<std::span<float>> output =
       SizeReplyTensor(OutputShape(decoded.args.input, shapes), shapes.output_size(),
-                 decoded.raw_encoding, response->mutable_output());
+                      decoded.raw_encoding, response->mutable_output());
   if (!output.ok()) return output.status();
   buffers.output = *output;
   if (decoded.args.return_attention) {
     absl::StatusOr<std::span<float>> attention =
         SizeReplyTensor(AttentionShape(shapes), shapes.attention_size(), decoded.raw_encoding,
-                   response->mutable_attention());
+                        response->mutable_attention());
     if (!attention.ok()) return attention.status();
     buffers.attention = *attention;
   }
