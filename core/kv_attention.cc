@@ -31,15 +31,19 @@ void AttendHead(const KvQuery& query, int64_t head, int64_t head_dim, float scal
   for (int64_t start = 0; start < query.visible; start += kKvBlockTokens) {
     const int64_t block = start / kKvBlockTokens;
     const int64_t rows = std::min(kKvBlockTokens, query.visible - start);
-    const T* keys = static_cast<const T*>(kv.keys(block)) + head * head_dim;
+    // Keys column-major: the block's scores accumulate side by side, one vector FMA a column.
+    const T* keys = static_cast<const T*>(kv.keys(block)) + head * head_dim * kKvBlockTokens;
     const T* values = static_cast<const T*>(kv.values(block)) + head * head_dim;
+    float dots[kKvBlockTokens] = {};
+    for (int64_t d = 0; d < head_dim; ++d) {
+      const float qd = q[d];
+      const T* column = keys + d * kKvBlockTokens;
+#pragma omp simd
+      for (int64_t r = 0; r < kKvBlockTokens; ++r) dots[r] += qd * Widen(column[r]);
+    }
     float block_max = running_max;
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* k = keys + r * width;
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * Widen(k[d]);
-      scores[r] = dot * scale;
+    for (int64_t r = 0; r < rows; ++r) {  // rows past the visible ones are never used
+      scores[r] = dots[r] * scale;
       block_max = std::max(block_max, scores[r]);
     }
     // Rescale what was summed under the old maximum once per block, not once per key.

@@ -58,13 +58,14 @@ absl::Status KvSequence::Reserve(int64_t length) {
 void KvSequence::Write(int64_t position, const float* key, const float* value) {
   unsigned char* block = blocks_[position / kKvBlockTokens].get();
   const int64_t row = position % kKvBlockTokens;
+  // Keys column-major in the block ([width][kKvBlockTokens]), values row-major.
   if (precision_ == KvPrecision::kBF16) {
     auto* keys = reinterpret_cast<uint16_t*>(block);
-    ConvertToBf16(key, keys + row * width_, width_);
+    for (int64_t c = 0; c < width_; ++c) ConvertToBf16(key + c, keys + c * kKvBlockTokens + row, 1);
     ConvertToBf16(value, keys + (kKvBlockTokens + row) * width_, width_);
   } else {
     auto* keys = reinterpret_cast<float*>(block);
-    std::memcpy(keys + row * width_, key, width_ * sizeof(float));
+    for (int64_t c = 0; c < width_; ++c) keys[c * kKvBlockTokens + row] = key[c];
     std::memcpy(keys + (kKvBlockTokens + row) * width_, value, width_ * sizeof(float));
   }
   length_ = std::max(length_, position + 1);

@@ -77,7 +77,9 @@ class KvSequence {
   // Blocks held.
   int64_t blocks() const { return static_cast<int64_t>(blocks_.size()); }
 
-  // Block `b`'s key and value rows (kKvBlockTokens of them, `width` apart), as stored.
+  // Block `b`'s keys, column-major ([width][kKvBlockTokens]: the block's tokens side by side in
+  // each column, so one query's scores against a block are vector operations), and its values,
+  // row-major ([kKvBlockTokens][width]), as stored.
   const void* keys(int64_t b) const { return blocks_[b].get(); }
   const void* values(int64_t b) const;
 
