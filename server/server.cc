@@ -17,6 +17,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/frontends/http/oip_routes.h"
+#include "server/frontends/http/repository_routes.h"
 #include "server/observability/log_setup.h"
 #include "server/observability/metrics.h"
 #include "server/transport/credentials.h"
@@ -274,7 +275,11 @@ absl::Status Server::StartHttpPort(const ServerOptions& options) {
                {.max_bytes = MaxMessageBytes(options),
                 .read_time = std::chrono::milliseconds(options.http_body_timeout_ms)},
                &router);
-  // Extensions that come with the repository and sessions add their routes here.
+  AddRepositoryRoutes(registry_.get(), admin_.get(),
+                      {.max_bytes = MaxMessageBytes(options),
+                       .read_time = std::chrono::milliseconds(options.http_body_timeout_ms)},
+                      &router);
+  // Further extensions (the sessions' parameters) add their routes here.
   absl::StatusOr<std::unique_ptr<HttpServer>> http =
       HttpServer::Start({.listen = options.http_listen,
                          .tls = options.tls,

@@ -12,20 +12,25 @@ bool IsLoopbackPeer(absl::string_view peer) {
 }
 
 absl::Status AdminAuthorizer::Authorize(const grpc::ServerContextBase& context) const {
+  const auto& metadata = context.client_metadata();
+  const auto header = metadata.find("authorization");
+  absl::string_view value;
+  if (header != metadata.end()) value = {header->second.data(), header->second.size()};
+  return Authorize(context.peer(), header != metadata.end() ? &value : nullptr);
+}
+
+absl::Status AdminAuthorizer::Authorize(absl::string_view peer,
+                                        const absl::string_view* authorization) const {
   if (tokens_ == nullptr) {
-    if (IsLoopbackPeer(context.peer())) return absl::OkStatus();
+    if (IsLoopbackPeer(peer)) return absl::OkStatus();
     return absl::PermissionDeniedError(
         absl::StrCat("the repository API is served to loopback callers only (the server has no "
                      "--admin-token-file); this call came from ",
-                     context.peer()));
+                     peer));
   }
-  const auto& metadata = context.client_metadata();
-  const auto header = metadata.find("authorization");
-  if (header != metadata.end()) {
-    const absl::string_view value(header->second.data(), header->second.size());
-    if (absl::StartsWith(value, "Bearer ") && tokens_->Accepts(value.substr(7))) {
-      return absl::OkStatus();
-    }
+  if (authorization != nullptr && absl::StartsWith(*authorization, "Bearer ") &&
+      tokens_->Accepts(authorization->substr(7))) {
+    return absl::OkStatus();
   }
   return absl::PermissionDeniedError(
       "the repository API needs an admin token: send 'authorization: Bearer TOKEN' with a "

@@ -24,6 +24,10 @@ class AdminAuthorizer {
 
   absl::Status Authorize(const grpc::ServerContextBase& context) const;
 
+  // The same rule for any protocol: `peer` in gRPC's form, `authorization` the header's value
+  // (null when absent).
+  absl::Status Authorize(absl::string_view peer, const absl::string_view* authorization) const;
+
  private:
   const std::shared_ptr<TokenAuthenticator> tokens_;
 };

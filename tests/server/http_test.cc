@@ -390,6 +390,22 @@ TEST_F(HttpTest, OnlyTheRequestedOutputsAndTheIdComeBack) {
   EXPECT_EQ(json["model_version"], "1");
 }
 
+// The repository extension over REST answers as the gRPC one: the index for anyone, load and
+// unload refused in control mode none (FAILED_PRECONDITION: 400) after the loopback rule let
+// the caller through.
+TEST_F(HttpTest, RepositoryEndpointsAnswerAsTheGrpcApi) {
+  const HttpReply index = HttpCall("POST", Url("/v2/repository/index"), "{}", {});
+  EXPECT_EQ(index.status, 200) << index.body;
+  EXPECT_NE(index.body.find("\"name\":\"demo\""), std::string::npos) << index.body;
+  EXPECT_NE(index.body.find("\"state\":\"READY\""), std::string::npos) << index.body;
+  const HttpReply load = HttpCall("POST", Url("/v2/repository/models/demo/load"), "", {});
+  EXPECT_EQ(load.status, 400) << load.body;
+  EXPECT_NE(load.body.find("explicit"), std::string::npos) << load.body;
+  const HttpReply unload = HttpCall("POST", Url("/v2/repository/models/demo/unload"), "", {});
+  EXPECT_EQ(unload.status, 400) << unload.body;
+  EXPECT_EQ(HttpCall("GET", Url("/v2/repository/index")).status, 405);
+}
+
 TEST(HttpStatusTest, EveryCodeHasItsStatus) {
   EXPECT_EQ(HttpStatus(absl::OkStatus()), 200);
   EXPECT_EQ(HttpStatus(absl::InvalidArgumentError("")), 400);

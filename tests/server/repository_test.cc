@@ -35,6 +35,7 @@
 #include "server/transport/admin_auth.h"
 #include "tests/common/golden.h"
 #include "tests/common/safetensors_writer.h"
+#include "tests/server/http_client.h"
 #include "tests/server/scrape.h"
 #include "tests/server/test_util.h"
 
@@ -408,6 +409,34 @@ TEST(RepositoryTest, ExplicitModeLoadsOnlyWhatIsAskedAndRollsBack) {
   EXPECT_EQ(bad_config.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(bad_config.error_message(), "'colour'"));
   EXPECT_TRUE(absl::StrContains(bad_config.error_message(), "the 'config' parameter"));
+}
+
+// KServe's model agent drives the same API over REST: load (with the config override),
+// unload, and the index, in explicit mode.
+TEST(RepositoryTest, TheRestRepositoryEndpointsLoadAndUnload) {
+  Repo repo;
+  repo.AddVersion("m", 1, kWeightsA);
+  repo.AddVersion("m", 2, kWeightsB);
+  ServerOptions options = RepoOptions(repo, ControlMode::kExplicit);
+  options.http_listen = "127.0.0.1:0";
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string base = absl::StrCat("http://127.0.0.1:", server->http_port());
+  Client client(server->port());
+  EXPECT_TRUE(client.Versions("m").empty());
+  HttpReply load = HttpCall(
+      "POST", base + "/v2/repository/models/m/load",
+      R"({"parameters": {"config": "{\"version_policy\": {\"specific\": {\"versions\": [1]}}}"}})",
+      {"Content-Type: application/json"});
+  EXPECT_EQ(load.status, 200) << load.body;
+  EXPECT_EQ(client.Versions("m"), (States{{1, kReady}}));
+  const HttpReply index = HttpCall("POST", base + "/v2/repository/index", "", {});
+  EXPECT_EQ(index.status, 200);
+  EXPECT_TRUE(absl::StrContains(index.body, R"("name":"m","version":"1","state":"READY")"))
+      << index.body;
+  EXPECT_EQ(HttpCall("POST", base + "/v2/repository/models/m/unload", "", {}).status, 200);
+  EXPECT_TRUE(client.Versions("m").empty());
+  EXPECT_EQ(HttpCall("POST", base + "/v2/repository/models/nope/load", "", {}).status, 404);
 }
 
 TEST(RepositoryTest, ExplicitModeLoadsEveryModelForAStar) {

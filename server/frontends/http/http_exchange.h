@@ -32,6 +32,9 @@ class HttpExchange {
   virtual absl::string_view path() const = 0;
   // A request header's value (names are case-insensitive), or nullopt.
   virtual std::optional<absl::string_view> Header(absl::string_view name) const = 0;
+  // The caller's address in gRPC's peer form ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000"), so
+  // one rule (transport/admin_auth.h) reads both protocols' peers.
+  virtual std::string peer() const = 0;
   // The declared Content-Length, or -1 (chunked, or none).
   virtual int64_t content_length() const = 0;
 

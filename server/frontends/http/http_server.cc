@@ -27,6 +27,13 @@ class CivetExchange final : public HttpExchange {
   absl::string_view path() const override {
     return info_->local_uri != nullptr ? info_->local_uri : "";
   }
+  std::string peer() const override {
+    const absl::string_view address = info_->remote_addr;
+    return address.find(':') == absl::string_view::npos
+               ? absl::StrCat("ipv4:", address, ":", info_->remote_port)
+               : absl::StrCat("ipv6:[", address, "]:", info_->remote_port);
+  }
+
   std::optional<absl::string_view> Header(absl::string_view name) const override {
     for (int i = 0; i < info_->num_headers; ++i) {
       if (absl::EqualsIgnoreCase(info_->http_headers[i].name, name)) {
