@@ -439,6 +439,75 @@ TEST(RepositoryTest, TheRestRepositoryEndpointsLoadAndUnload) {
   EXPECT_EQ(HttpCall("POST", base + "/v2/repository/models/nope/load", "", {}).status, 404);
 }
 
+// A decode session holds the version it was opened on across a swap: its cached keys were made by
+// those weights, so it finishes on them (rows equal to that version's own causal forward), while
+// a session opened after the swap gets the new version, and the old one is freed when the last
+// session holding it ends.
+TEST(RepositoryTest, ADecodeSessionFinishesOnItsVersionAcrossASwap) {
+  Repo repo;
+  repo.AddVersion("m", 1, kWeightsA);
+  repo.AddVersion("m", 2, kWeightsB);
+  ServerOptions options = RepoOptions(repo, ControlMode::kExplicit);
+  options.load_models = {"m"};
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  Client client(server->port());
+  ASSERT_TRUE(client.Load("m", R"({"version_policy": {"specific": {"versions": [1]}}})").ok());
+  auto stub = v1::AttentionService::NewStub(Connect(server->port()));
+  const std::vector<float> input = Input(14);
+  auto step = [&](grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>& stream,
+                  int64_t from, int64_t n, bool first) {
+    v1::DecodeRequest request;
+    if (first) {
+      request.set_model("m");
+      request.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    }
+    *request.mutable_input() = MakeTensor(
+        {1, n, kWidth}, {input.begin() + from * kWidth, input.begin() + (from + n) * kWidth}, true);
+    v1::DecodeResponse response;
+    EXPECT_TRUE(stream.Write(request));
+    EXPECT_TRUE(stream.Read(&response));
+    EXPECT_EQ(response.error_code(), 0) << response.error_message();
+    return TensorValues(response.output());
+  };
+  grpc::ClientContext old_context;
+  auto old_session = stub->Decode(&old_context);
+  std::vector<float> got = step(*old_session, 0, 10, true);
+  // The swap: version 2 only. Version 1 stays UNLOADING while the session holds it.
+  ASSERT_TRUE(client.Load("m", R"({"version_policy": {"specific": {"versions": [2]}}})").ok());
+  EXPECT_EQ(client.Index("m", "1").state(), "UNLOADING");
+  const std::vector<float> rest = step(*old_session, 10, 4, false);
+  got.insert(got.end(), rest.begin(), rest.end());
+  // Version 1's own causal forward over the 14 tokens, computed here.
+  absl::StatusOr<core::LayerWeights> weights = core::LoadLayerWeights(Fixture(kWeightsA), {});
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  absl::StatusOr<std::shared_ptr<const core::Layer>> layer =
+      core::Layer::Create(*std::move(weights));
+  ASSERT_TRUE(layer.ok());
+  core::ForwardArgs args;
+  args.kind = core::AttentionKind::kCausal;
+  args.input.data = input.data();
+  args.input.width = kWidth;
+  args.input.lengths = {14};
+  std::vector<float> want((*layer)->Shapes(args).output_size());
+  ASSERT_TRUE((*layer)->Forward(args, want).ok());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  // A session opened now is on version 2: its first rows differ.
+  grpc::ClientContext new_context;
+  auto new_session = stub->Decode(&new_context);
+  const std::vector<float> other = step(*new_session, 0, 10, true);
+  EXPECT_GT(std::abs(other[0] - got[0]) + std::abs(other[1] - got[1]), 1e-3f);
+  for (auto* stream : {old_session.get(), new_session.get()}) {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  for (int i = 0; i < 200 && client.Index("m", "1").state() != "UNAVAILABLE"; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(client.Index("m", "1").state(), "UNAVAILABLE");
+}
+
 TEST(RepositoryTest, ExplicitModeLoadsEveryModelForAStar) {
   Repo repo;
   repo.AddVersion("a", 1, kWeightsA);
