@@ -55,7 +55,9 @@ absl::StatusOr<VersionPolicy> ParsePolicy(const Json& value, absl::string_view f
       !s.ok()) {
     return s;
   }
-  const auto& [kind, body] = *value.items().begin();
+  // The object's one member (key() of an items() proxy refers into the proxy: keep neither).
+  const std::string kind = value.begin().key();
+  const nlohmann::json& body = value.begin().value();
   if (!body.is_object()) return Bad(file, absl::StrCat(kKey, ".", kind), "must be an object");
   VersionPolicy policy;
   if (kind == "latest") {

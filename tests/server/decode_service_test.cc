@@ -141,8 +141,8 @@ class DecodeServiceTest : public ::testing::Test {
     server_ = StartServer(options);
     ASSERT_NE(server_, nullptr);
     stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
-    // A smooth sequence of 64 demo tokens.
-    sequence_.resize(64 * kWidth);
+    // A smooth sequence of 128 demo tokens (a refused step may ask for more than the limit).
+    sequence_.resize(128 * kWidth);
     for (size_t i = 0; i < sequence_.size(); ++i) sequence_[i] = std::sin(0.003f * i + 0.2f);
   }
 
@@ -515,7 +515,17 @@ TEST_F(DecodeServiceTest, ASoakOfSessionsEndingEveryWayLeavesNothingBehind) {
   }
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
   EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+#if defined(__SANITIZE_ADDRESS__)
+  (void)before;  // ASan's quarantine keeps freed memory resident: no measure of leaks here
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  (void)before;  // ASan's quarantine keeps freed memory resident: no measure of leaks here
+#else
   EXPECT_LT(ResidentBytes() - before, int64_t{32} << 20) << "resident memory grew";
+#endif
+#else
+  EXPECT_LT(ResidentBytes() - before, int64_t{32} << 20) << "resident memory grew";
+#endif
 }
 
 }  // namespace
