@@ -31,8 +31,8 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerConte
 }
 
 grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* AttentionService::Decode(
-    grpc::CallbackServerContext* context) {
-  return new DecodeCall(admission_, context);
+    grpc::CallbackServerContext* /*context*/) {
+  return new DecodeCall(admission_);
 }
 
 v1::ModelInfo DescribeVersion(const VersionStatus& version) {

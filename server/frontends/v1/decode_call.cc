@@ -9,10 +9,7 @@
 
 namespace attnserve::server {
 
-DecodeCall::DecodeCall(Admission* admission, grpc::CallbackServerContext* context)
-    : admission_(admission), context_(context) {
-  StartRead(&request_);
-}
+DecodeCall::DecodeCall(Admission* admission) : admission_(admission) { StartRead(&request_); }
 
 void DecodeCall::OnReadDone(bool ok) {
   if (!ok) {

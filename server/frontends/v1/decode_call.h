@@ -18,7 +18,7 @@ namespace attnserve::server {
 class DecodeCall final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
  public:
   // `admission` outlives the call. Starts reading.
-  DecodeCall(Admission* admission, grpc::CallbackServerContext* context);
+  explicit DecodeCall(Admission* admission);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -43,7 +43,6 @@ class DecodeCall final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::D
   void End(const grpc::Status& status);
 
   Admission* const admission_;
-  grpc::CallbackServerContext* const context_;
   v1::DecodeRequest request_;
   v1::DecodeResponse response_;
   // Shared only so that OnCancel can take a queued step back while the session may end.
