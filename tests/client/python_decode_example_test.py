@@ -20,6 +20,9 @@ import time
 import numpy as np
 
 STEPS = 60
+# Each step waits this long in the runs where a replica dies, so that a generation outlasts the
+# test's own waits (a replica's start on a loaded machine) by seconds, not milliseconds.
+STEP_DELAY = "0.1"
 
 
 def free_port():
@@ -108,7 +111,7 @@ def main():
 
             # 2. The server dies mid-generation; another starts on the same address.
             proc, out = example(args, workdir, "restart", f"127.0.0.1:{port}",
-                                ["--step-delay", "0.03"])
+                                ["--step-delay", STEP_DELAY])
             wait_for_steps(proc, 0.6)
             stop(first, signal.SIGKILL)
             time.sleep(0.2)
@@ -125,10 +128,11 @@ def main():
         try:
             target = f"ipv4:127.0.0.1:{port_a},127.0.0.1:{port_b}"
             proc, out = example(args, workdir, "replicas", target,
-                                ["--step-delay", "0.03", "--lb-policy", "round_robin"])
+                                ["--step-delay", STEP_DELAY, "--lb-policy", "round_robin"])
             wait_for_steps(proc, 0.3)  # the session is on a: b is not up yet
             b = start_server(args.server, workdir, port_b, "replica-b")
             time.sleep(1.5)  # the channel connects to b (reconnect backoff <= 1 s)
+            assert proc.poll() is None, "the example finished before replica a died: slow it down"
             stop(a, signal.SIGKILL)
             finish(proc, out, reference, "another replica")
         finally:
