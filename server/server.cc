@@ -271,15 +271,10 @@ absl::Status Server::StartHealthPort(const ServerOptions& options) {
 absl::Status Server::StartHttpPort(const ServerOptions& options) {
   if (HttpOff(options.http_listen)) return absl::OkStatus();
   HttpRouter router;
-  AddOipRoutes(admission_.get(),
-               {.max_bytes = MaxMessageBytes(options),
-                .read_time = std::chrono::milliseconds(options.http_body_timeout_ms)},
-               &router);
-  AddRepositoryRoutes(registry_.get(), admin_.get(),
-                      {.max_bytes = MaxMessageBytes(options),
-                       .read_time = std::chrono::milliseconds(options.http_body_timeout_ms)},
-                      &router);
-  // Further extensions (the sessions' parameters) add their routes here.
+  const HttpBodyLimits limits{.max_bytes = MaxMessageBytes(options),
+                              .read_time = std::chrono::milliseconds(options.http_body_timeout_ms)};
+  AddOipRoutes(admission_.get(), sequences_.get(), limits, &router);
+  AddRepositoryRoutes(registry_.get(), admin_.get(), limits, &router);
   absl::StatusOr<std::unique_ptr<HttpServer>> http =
       HttpServer::Start({.listen = options.http_listen,
                          .tls = options.tls,

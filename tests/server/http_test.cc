@@ -428,6 +428,74 @@ std::string SmallCall(int rows = 4) {
       .first;
 }
 
+// The body of a sequence step over REST: `tokens` rows of `values` (from `row`), flat JSON, or
+// binary FP32 when `binary`; the sequence parameters as Triton's HTTP client sends them.
+std::pair<std::string, std::vector<std::string>> SequenceStepBody(const std::vector<float>& values,
+                                                                  int row, int tokens,
+                                                                  const Json& id, bool start,
+                                                                  bool end, bool binary = false) {
+  const std::vector<float> rows(values.begin() + row * kWidth,
+                                values.begin() + (row + tokens) * kWidth);
+  Tensor input{"input", "FP32", {1, tokens, kWidth}, rows, {}};
+  Call call{{input}, "causal"};
+  auto [body, headers] = ToRest(call, binary ? Form::kBinary : Form::kFlat);
+  const size_t json_length =
+      binary ? std::stoul(headers.back().substr(headers.back().find(':') + 1)) : body.size();
+  Json request = Json::parse(body.substr(0, json_length));
+  request["parameters"].erase("kind");  // Triton's clients send none: a sequence is causal
+  request["parameters"]["sequence_id"] = id;
+  request["parameters"]["sequence_start"] = start;
+  request["parameters"]["sequence_end"] = end;
+  std::string json = request.dump();
+  if (binary) headers.back() = absl::StrCat("Inference-Header-Content-Length: ", json.size());
+  return {json + body.substr(json_length), headers};
+}
+
+// A sequence over REST is a decode session, as through ModelInfer: a 16-token prompt, single
+// tokens, three at once (one of them binary), each step's outputs equal to the same rows of one
+// causal Forward over the whole sequence; then the ended id, an unknown id and a bad id answer
+// with their statuses, and the server serves on.
+TEST_F(HttpTest, SequenceStepsAreASessionsSteps) {
+  constexpr int kTokens = 23;
+  const std::vector<float> values = Wave(kTokens * kWidth, 5);
+  const Call whole{{Tensor{"input", "FP32", {1, kTokens, kWidth}, values, {}}}, "causal"};
+  const std::vector<float> want = GrpcOutputs(whole).at("output").second;
+  ASSERT_EQ(want.size(), static_cast<size_t>(kTokens * kWidth));
+  const std::vector<int> steps = {16, 1, 1, 1, 1, 3};
+  std::vector<float> got;
+  int row = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto [body, headers] =
+        SequenceStepBody(values, row, steps[i], "rest-sequence", i == 0, i + 1 == steps.size(),
+                         /*binary=*/i == 3);
+    const HttpReply reply = Infer(body, headers);
+    ASSERT_EQ(reply.status, 200) << "step " << i << ": " << reply.body.substr(0, 300);
+    const Outputs outputs = RestOutputs(reply);
+    const auto& [shape, output] = outputs.at("output");
+    EXPECT_EQ(shape, (std::vector<int64_t>{1, steps[i], kWidth}));
+    got.insert(got.end(), output.begin(), output.end());
+    row += steps[i];
+  }
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-5f) << "token " << i / kWidth << " element " << i % kWidth;
+  }
+
+  const auto [ended, headers] = SequenceStepBody(values, 0, 1, "rest-sequence", false, false);
+  const HttpReply gone = Infer(ended, headers);
+  EXPECT_EQ(gone.status, 404) << gone.body;
+  EXPECT_NE(gone.body.find("rest-sequence"), std::string::npos) << gone.body;
+  const auto [unknown, _] = SequenceStepBody(values, 0, 1, 424242, false, false);
+  const HttpReply missing = Infer(unknown, headers);
+  EXPECT_EQ(missing.status, 404) << missing.body;
+  EXPECT_NE(missing.body.find("424242"), std::string::npos) << missing.body;
+  const auto [bad, __] = SequenceStepBody(values, 0, 1, 1.5, true, false);
+  const HttpReply refused = Infer(bad, headers);
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("sequence_id"), std::string::npos) << refused.body;
+  EXPECT_EQ(Infer(SmallCall(), headers).status, 200);
+}
+
 TEST_F(HttpTest, RefusalsHaveTheirStatusAndAnErrorMessage) {
   const std::vector<std::string> json = {"Content-Type: application/json"};
   const std::vector<std::pair<std::string, int>> cases = {

@@ -24,6 +24,17 @@ absl::StatusOr<int64_t> JsonLength(const HttpExchange& exchange) {
 
 }  // namespace
 
+absl::StatusOr<HttpInferBody> ReadInferBody(HttpExchange& exchange, const HttpBodyLimits& limits) {
+  absl::StatusOr<int64_t> json_length = JsonLength(exchange);
+  if (!json_length.ok()) return json_length.status();
+  HttpInferBody body;
+  body.json_length = *json_length;
+  absl::Status read = exchange.ReadBody(limits.max_bytes, Clock::now() + limits.read_time,
+                                        kJsonPadding, &body.body);
+  if (!read.ok()) return read;
+  return body;
+}
+
 absl::StatusOr<absl::string_view> HttpInferCall::RequestedModel() {
   absl::StatusOr<uint64_t> version = ParseModelVersion(version_);
   if (!version.ok()) return version.status();
@@ -32,13 +43,19 @@ absl::StatusOr<absl::string_view> HttpInferCall::RequestedModel() {
 }
 
 absl::Status HttpInferCall::Decode() {
-  absl::StatusOr<int64_t> json_length = JsonLength(*exchange_);
-  if (!json_length.ok()) return json_length.status();
-  absl::Status read = exchange_->ReadBody(limits_.max_bytes, Clock::now() + limits_.read_time,
-                                          kJsonPadding, &body_);
-  body_read_ = read.ok();
-  if (!read.ok()) return read;
-  return DecodeHttpInfer(body_.bytes, body_.bytes.capacity(), *json_length, &decoded_);
+  if (!decode_status_.has_value()) {
+    const std::string& bytes = body_.body.bytes;
+    decode_status_ = DecodeHttpInfer(bytes, bytes.capacity(), body_.json_length, &decoded_);
+  }
+  return *decode_status_;
+}
+
+bool HttpInferCall::IsSequenceStep() {
+  const absl::string_view bytes = body_.body.bytes;
+  const absl::string_view json =
+      body_.json_length >= 0 ? bytes.substr(0, body_.json_length) : bytes;
+  if (json.find(kSequenceIdParameter) == absl::string_view::npos) return false;
+  return Decode().ok() && decoded_.sequence.has_value();
 }
 
 int64_t HttpInferCall::ReplyBytes(const core::ForwardShapes& shapes) const {

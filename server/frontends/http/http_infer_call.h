@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -17,19 +18,28 @@ struct HttpBodyLimits {
   Clock::duration read_time = std::chrono::seconds(10);  // the whole body, from its start
 };
 
-// One REST inference call as admission sees it. The model comes from the path; the body is
-// read from the connection only in Decode, so a call refused before it (shutting down, no such
-// model, full queue, deadline) costs no body read and no parse. The connection's thread waits
-// (Wait) for Finish, then writes the reply itself: the compute thread only signals.
+// A REST inference request's body: JSON, or (json_length >= 0) JSON then binary tensors.
+struct HttpInferBody {
+  HttpBody body;
+  int64_t json_length = -1;  // Inference-Header-Content-Length
+};
+
+// Reads an inference request's body under `limits`, with kJsonPadding spare bytes for the
+// parser: InvalidArgument for a bad Inference-Header-Content-Length, else the read's status.
+absl::StatusOr<HttpInferBody> ReadInferBody(HttpExchange& exchange, const HttpBodyLimits& limits);
+
+// One REST inference call as admission sees it. The model comes from the path, the body is
+// read; it is parsed only in Decode, so a call refused before it (shutting down, no such model,
+// full queue, deadline) costs no parse. The connection's thread waits (Wait) for Finish, then
+// writes the reply itself: the compute thread only signals.
 class HttpInferCall final : public Job {
  public:
-  HttpInferCall(HttpExchange* exchange, std::string model, std::string version,
-                Clock::time_point arrival, Clock::time_point deadline, HttpBodyLimits limits)
+  HttpInferCall(std::string model, std::string version, HttpInferBody body,
+                Clock::time_point arrival, Clock::time_point deadline)
       : Job(arrival, deadline),
-        exchange_(exchange),
         model_(std::move(model)),
         version_(std::move(version)),
-        limits_(limits) {}
+        body_(std::move(body)) {}
 
   absl::StatusOr<absl::string_view> RequestedModel() override;
   absl::Status Decode() override;
@@ -45,19 +55,22 @@ class HttpInferCall final : public Job {
   // call's status.
   absl::Status Wait();
 
-  // True when Decode read the body (the connection may stay open after the reply).
-  bool body_read() const { return body_read_; }
+  // Decodes the body now if it may be a sequence step (its JSON names sequence_id, as
+  // MayBeSequence looks in a gRPC request): true when it is one, to be run as a step instead of
+  // admitted. A body that does not decode is left to Decode to refuse.
+  bool IsSequenceStep();
 
-  const DecodedHttpInfer& decoded() const { return decoded_; }
+  // A sequence step's reply is computed by `version`.
+  void set_computed_by(int64_t version) { computed_by_ = version; }
+
+  DecodedHttpInfer& decoded() { return decoded_; }
 
  private:
-  HttpExchange* const exchange_;
   const std::string model_, version_;
   uint64_t version_number_ = 0;  // version_ read by RequestedModel; 0: the newest ready one
   int64_t computed_by_ = 0;      // the version whose weights computed the reply
-  const HttpBodyLimits limits_;
-  HttpBody body_;
-  bool body_read_ = false;
+  HttpInferBody body_;
+  std::optional<absl::Status> decode_status_;  // set once the body is decoded
   DecodedHttpInfer decoded_;
   std::mutex mu_;
   std::condition_variable done_cv_;

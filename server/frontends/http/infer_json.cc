@@ -56,7 +56,9 @@ struct JsonRequest {
   std::string id;
   std::optional<std::string> kind;
   bool return_attention = false;
-  bool binary_output = false;  // parameters.binary_data_output
+  bool binary_output = false;              // parameters.binary_data_output
+  std::optional<std::string> sequence_id;  // as text, a string quoted (SequenceParams::id)
+  bool sequence_start = false, sequence_end = false;
   std::vector<JsonInput> inputs;
   std::vector<std::pair<std::string, std::optional<bool>>> outputs;  // name, binary_data
 };
@@ -139,10 +141,39 @@ absl::Status CheckValue(ondemand::value value, int depth = 0) {
   }
 }
 
-// The request's `parameters`: kind, return_attention, binary_data_output; others are ignored
-// as the gRPC form ignores them.
+// A sequence_id: an unsigned integer or a string, as the gRPC form's uint64 or string.
+absl::StatusOr<std::string> SequenceId(ondemand::value value) {
+  constexpr char kWhat[] = "parameter 'sequence_id' must be an unsigned integer or a string";
+  ondemand::json_type type;
+  ATTNSERVE_JSON(value.type().get(type), kWhat);
+  if (type == ondemand::json_type::string) {
+    absl::StatusOr<std::string> id = String(value, kWhat);
+    if (!id.ok()) return id.status();
+    return absl::StrCat("'", *id, "'");
+  }
+  uint64_t id = 0;
+  ATTNSERVE_JSON(value.get_uint64().get(id), kWhat);
+  return absl::StrCat(id);
+}
+
+// The request's `parameters`: kind, return_attention, binary_data_output and the sequence
+// parameters; others are ignored as the gRPC form ignores them.
 absl::Status ReadParameters(ondemand::value value, JsonRequest* request) {
   return ForEachField(value, "parameters", [&](std::string_view key, ondemand::value item) {
+    if (key == kSequenceIdParameter) {
+      absl::StatusOr<std::string> id = SequenceId(item);
+      if (!id.ok()) return id.status();
+      request->sequence_id = *std::move(id);
+      return absl::OkStatus();
+    }
+    if (key == kSequenceStartParameter || key == kSequenceEndParameter) {
+      const bool start = key == kSequenceStartParameter;
+      absl::StatusOr<bool> flag = Bool(item, start ? "parameter 'sequence_start' must be a bool"
+                                                   : "parameter 'sequence_end' must be a bool");
+      if (!flag.ok()) return flag.status();
+      (start ? request->sequence_start : request->sequence_end) = *flag;
+      return absl::OkStatus();
+    }
     if (key == kInferKindParameter) {
       absl::StatusOr<std::string> kind = String(item, "parameter 'kind' must be a string");
       if (!kind.ok()) return kind.status();
@@ -653,6 +684,12 @@ absl::Status DecodeHttpInfer(absl::string_view body, size_t body_capacity, int64
     return absl::InvalidArgumentError("malformed JSON: content after the request object");
   }
   decoded->id = request.id;
+  decoded->kind_given = request.kind.has_value();
+  decoded->sequence.reset();
+  if (request.sequence_id.has_value()) {
+    decoded->sequence =
+        SequenceParams{*request.sequence_id, request.sequence_start, request.sequence_end};
+  }
   if (absl::Status status = ApplyParameters(request, decoded); !status.ok()) return status;
   return DecodeTensors(document, binary, json.size(), &request, decoded);
 }

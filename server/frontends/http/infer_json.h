@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/layer.h"
+#include "server/frontends/oip/sequence_step.h"
 #include "server/serving/job.h"
 
 namespace attnserve::server {
@@ -41,6 +42,8 @@ struct DecodedHttpInfer {
 
   core::ForwardArgs args;
   std::string id;                               // echoed
+  bool kind_given = false;                      // the parameter `kind` was given
+  std::optional<SequenceParams> sequence;       // a step of this sequence (parameter sequence_id)
   std::vector<HttpOutput> outputs;              // the reply's, in order
   std::vector<float> input_copy, context_copy;  // parsed text, converted or realigned bytes
   std::vector<int32_t> lengths_copy, context_lengths_copy;

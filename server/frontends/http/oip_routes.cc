@@ -1,5 +1,8 @@
 #include "server/frontends/http/oip_routes.h"
 
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -8,6 +11,7 @@
 #include "server/frontends/http/http_status.h"
 #include "server/frontends/oip/infer_codec.h"
 #include "server/frontends/oip/inference_service.h"
+#include "server/frontends/oip/sequence_step.h"
 #include "server/observability/logging.h"
 
 namespace attnserve::server {
@@ -74,7 +78,45 @@ absl::StatusOr<Clock::time_point> Deadline(const HttpExchange& exchange, Clock::
   return now + std::chrono::milliseconds(ms);
 }
 
-void Infer(Admission& admission, const HttpBodyLimits& limits, HttpExchange& exchange) {
+void Reply(HttpExchange& exchange, absl::string_view model, int64_t version,
+           const DecodedHttpInfer& decoded) {
+  const HttpInferReply reply = EncodeHttpInfer(model, version, decoded);
+  if (reply.binary.empty()) return exchange.Reply(200, kJson, reply.json);
+  exchange.Reply(200, "application/octet-stream", reply.json, reply.binary,
+                 {{"Inference-Header-Content-Length", std::to_string(reply.json.size())}});
+}
+
+// A step of a sequence's session (sequence_step.h), run on the connection's thread until
+// the compute thread answers it.
+absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
+                             const HttpExchange& exchange, HttpInferCall& call) {
+  DecodedHttpInfer& decoded = call.decoded();
+  SequenceRequest request;
+  request.model = exchange.params.at("model");
+  request.version = Version(exchange);
+  request.params = *decoded.sequence;
+  request.kind_given = decoded.kind_given;
+  request.args = &decoded.args;
+  request.prepare = [&](const core::ForwardShapes& shapes, int64_t version) {
+    call.set_computed_by(version);
+    return PrepareHttpOutputs(shapes, &decoded);
+  };
+  std::mutex mu;
+  std::condition_variable answered;
+  std::optional<absl::Status> result;
+  SequenceStep step(&admission, &sequences);
+  step.Run(request, [&](absl::Status status) {
+    std::lock_guard lock(mu);
+    result = std::move(status);
+    answered.notify_one();
+  });
+  std::unique_lock lock(mu);
+  answered.wait(lock, [&] { return result.has_value(); });
+  return *result;
+}
+
+void Infer(Admission& admission, SequenceTable& sequences, const HttpBodyLimits& limits,
+           HttpExchange& exchange) {
   const Clock::time_point arrival = Clock::now();
   absl::StatusOr<Clock::time_point> deadline = Deadline(exchange, arrival);
   if (!deadline.ok()) return ReplyError(exchange, deadline.status(), /*close=*/true);
@@ -86,15 +128,25 @@ void Infer(Admission& admission, const HttpBodyLimits& limits, HttpExchange& exc
                                             " (--max-message-mib)")),
                       /*close=*/true);
   }
+  if (!admission.accepting()) {
+    return ReplyError(exchange, absl::UnavailableError("the server is shutting down"),
+                      /*close=*/true);
+  }
+  // The body is read before admission (REST carries sequence parameters in it), and parsed
+  // after admission's refusals unless it names a sequence.
+  absl::StatusOr<HttpInferBody> body = ReadInferBody(exchange, limits);
+  if (!body.ok()) return ReplyError(exchange, body.status(), /*close=*/true);
   const std::string& model = exchange.params.at("model");
-  HttpInferCall call(&exchange, model, Version(exchange), arrival, *deadline, limits);
+  HttpInferCall call(model, Version(exchange), *std::move(body), arrival, *deadline);
+  if (call.IsSequenceStep()) {
+    const absl::Status status = RunSequenceStep(admission, sequences, exchange, call);
+    if (!status.ok()) return ReplyError(exchange, status);
+    return Reply(exchange, model, call.computed_by(), call.decoded());
+  }
   admission.Admit(&call);
   const absl::Status status = call.Wait();
-  if (!status.ok()) return ReplyError(exchange, status, /*close=*/!call.body_read());
-  const HttpInferReply reply = EncodeHttpInfer(model, call.computed_by(), call.decoded());
-  if (reply.binary.empty()) return exchange.Reply(200, kJson, reply.json);
-  exchange.Reply(200, "application/octet-stream", reply.json, reply.binary,
-                 {{"Inference-Header-Content-Length", std::to_string(reply.json.size())}});
+  if (!status.ok()) return ReplyError(exchange, status);
+  Reply(exchange, model, call.computed_by(), call.decoded());
 }
 
 }  // namespace
@@ -103,7 +155,8 @@ void ReplyError(HttpExchange& exchange, const absl::Status& status, bool close) 
   exchange.Reply(HttpStatus(status), kJson, ErrorJson(status.message()), {}, {}, close);
 }
 
-void AddOipRoutes(Admission* admission, HttpBodyLimits limits, HttpRouter* router) {
+void AddOipRoutes(Admission* admission, SequenceTable* sequences, HttpBodyLimits limits,
+                  HttpRouter* router) {
   router->Add("GET", "/v2/health/live",
               [](HttpExchange& exchange) { exchange.Reply(200, kJson, "{\"live\":true}"); });
   router->Add("GET", "/v2/health/ready", [admission](HttpExchange& exchange) {
@@ -131,7 +184,9 @@ void AddOipRoutes(Admission* admission, HttpBodyLimits limits, HttpRouter* route
   };
   router->Add("GET", "/v2/models/{model}", metadata);
   router->Add("GET", "/v2/models/{model}/versions/{version}", metadata);
-  auto infer = [admission, limits](HttpExchange& exchange) { Infer(*admission, limits, exchange); };
+  auto infer = [admission, sequences, limits](HttpExchange& exchange) {
+    Infer(*admission, *sequences, limits, exchange);
+  };
   router->Add("POST", "/v2/models/{model}/infer", infer);
   router->Add("POST", "/v2/models/{model}/versions/{version}/infer", infer);
 }

@@ -8,6 +8,7 @@
 #include "server/frontends/http/http_infer_call.h"
 #include "server/frontends/http/http_router.h"
 #include "server/serving/admission.h"
+#include "server/serving/sequence_table.h"
 
 namespace attnserve::server {
 
@@ -15,8 +16,10 @@ namespace attnserve::server {
 // has none; gRPC's is grpc-timeout).
 inline constexpr char kRequestTimeoutHeader[] = "Request-Timeout-Ms";
 
-// Adds the protocol's endpoints to `router`. `admission` outlives the router.
-void AddOipRoutes(Admission* admission, HttpBodyLimits limits, HttpRouter* router);
+// Adds the protocol's endpoints to `router`. `admission` and `sequences` (the sessions keyed by
+// sequence_id, shared with the gRPC form) outlive the router.
+void AddOipRoutes(Admission* admission, SequenceTable* sequences, HttpBodyLimits limits,
+                  HttpRouter* router);
 
 // The reply to a refused or failed call: HttpStatus(status) and the error JSON.
 void ReplyError(HttpExchange& exchange, const absl::Status& status, bool close = false);

@@ -13,10 +13,6 @@ namespace {
 
 using inference::InferParameter;
 
-constexpr char kSequenceId[] = "sequence_id";
-constexpr char kSequenceStart[] = "sequence_start";
-constexpr char kSequenceEnd[] = "sequence_end";
-
 // A bool parameter, false when absent.
 absl::StatusOr<bool> BoolParameter(const inference::ModelInferRequest& request, const char* name) {
   const auto it = request.parameters().find(name);
@@ -31,7 +27,7 @@ absl::StatusOr<bool> BoolParameter(const inference::ModelInferRequest& request, 
 
 absl::StatusOr<std::optional<SequenceParams>> ReadSequenceParams(
     const inference::ModelInferRequest& request) {
-  const auto it = request.parameters().find(kSequenceId);
+  const auto it = request.parameters().find(kSequenceIdParameter);
   if (it == request.parameters().end()) return std::nullopt;
   SequenceParams params;
   switch (it->second.parameter_choice_case()) {
@@ -47,79 +43,32 @@ absl::StatusOr<std::optional<SequenceParams>> ReadSequenceParams(
     default:
       return absl::InvalidArgumentError("parameter 'sequence_id' must be a uint64 or a string");
   }
-  absl::StatusOr<bool> start = BoolParameter(request, kSequenceStart);
+  absl::StatusOr<bool> start = BoolParameter(request, kSequenceStartParameter);
   if (!start.ok()) return start.status();
-  absl::StatusOr<bool> end = BoolParameter(request, kSequenceEnd);
+  absl::StatusOr<bool> end = BoolParameter(request, kSequenceEndParameter);
   if (!end.ok()) return end.status();
   params.start = *start;
   params.end = *end;
   return params;
 }
 
-SequenceStep::SequenceStep(Admission* admission, SequenceTable* table,
-                           const inference::ModelInferRequest* request, SequenceParams params,
-                           inference::ModelInferResponse* response)
-    : admission_(admission),
-      table_(table),
-      request_(request),
-      params_(std::move(params)),
-      response_(response) {}
-
-absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor() {
-  core::ForwardArgs& args = decoded_.args;
-  if (!params_.start) {
-    if (args.context) {
-      return absl::InvalidArgumentError("a sequence's context comes with sequence_start only");
-    }
-    return table_->Find(params_.id);
-  }
-  // A sequence is causal unless it says causal_cross: Triton's clients send no kind.
-  if (!request_->parameters().contains(kInferKindParameter)) {
-    args.kind = args.context ? core::AttentionKind::kCausalCross : core::AttentionKind::kCausal;
-  }
-  absl::StatusOr<uint64_t> version = ParseModelVersion(request_->model_version());
-  if (!version.ok()) return version.status();
-  absl::StatusOr<std::unique_ptr<Session>> opened =
-      admission_->OpenSession(request_->model_name(), *version, args.kind, args.input.batch(),
-                              args.context ? &*args.context : nullptr);
-  if (!opened.ok()) return opened.status();
-  if (args.context) {
-    absl::Status valid = (*opened)->layer()->ValidateBatch(*args.context, true, "context");
-    if (!valid.ok()) return valid;
-  }
-  std::shared_ptr<Session> session = *std::move(opened);
-  table_->Start(params_.id, session);
-  return session;
+ProtoSequenceStep::ProtoSequenceStep(Admission* admission, SequenceTable* table,
+                                     const inference::ModelInferRequest* request,
+                                     SequenceParams params, inference::ModelInferResponse* response)
+    : request_(request), response_(response), step_(admission, table) {
+  step_request_.model = request->model_name();
+  step_request_.version = request->model_version();
+  step_request_.params = std::move(params);
+  step_request_.kind_given = request->parameters().contains(kInferKindParameter);
+  step_request_.args = &decoded_.args;
+  step_request_.prepare = [this](const core::ForwardShapes& shapes, int64_t version) {
+    return PrepareInferResponse(*request_, &decoded_, shapes, version, response_);
+  };
 }
 
-void SequenceStep::Run(std::function<void(absl::Status)> done) {
-  if (!admission_->accepting()) return done(absl::UnavailableError("the server is shutting down"));
+void ProtoSequenceStep::Run(std::function<void(absl::Status)> done) {
   if (absl::Status s = DecodeInferRequest(*request_, &decoded_); !s.ok()) return done(s);
-  absl::StatusOr<std::shared_ptr<Session>> session = SessionFor();
-  if (!session.ok()) return done(session.status());
-  session_ = *std::move(session);
-  const core::Layer& layer = *session_->layer();
-  if (absl::Status s = layer.ValidateBatch(decoded_.args.input, false, "input"); !s.ok()) {
-    return done(s);
-  }
-  core::ForwardShapes shapes;
-  shapes.output_rows = decoded_.args.input.rows();
-  shapes.output_width = layer.spec().d_output();
-  absl::StatusOr<ForwardBuffers> buffers =
-      PrepareInferResponse(*request_, &decoded_, shapes, session_->version()->version, response_);
-  if (!buffers.ok()) return done(buffers.status());
-  StepArgs args = MakeStepArgs(decoded_.args.input, buffers->output, shapes.output_width);
-  const bool end = params_.end;
-  const std::string id = params_.id;
-  SequenceTable* table = table_;
-  absl::Status refused =
-      session_->Step(std::move(args), [this, end, id, table, done](absl::Status status) {
-        // The sequence ends once its last step is answered; its cache goes with it.
-        session_.reset();
-        if (end) table->End(id);
-        done(status);
-      });
-  if (!refused.ok()) done(refused);
+  step_.Run(step_request_, std::move(done));
 }
 
 StreamInferCall::StreamInferCall(Admission* admission, SequenceTable* table)
@@ -142,8 +91,8 @@ void StreamInferCall::OnReadDone(bool ok) {
     Answer(params.status());
     return;
   }
-  step_ = std::make_unique<SequenceStep>(admission_, table_, &request_, **params,
-                                         response_.mutable_infer_response());
+  step_ = std::make_unique<ProtoSequenceStep>(admission_, table_, &request_, **params,
+                                              response_.mutable_infer_response());
   step_->Run([this](absl::Status status) { Answer(status); });
 }
 

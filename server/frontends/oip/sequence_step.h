@@ -1,0 +1,63 @@
+#pragma once
+
+// One step of a sequence as the Open Inference Protocol keys them (Triton's sequence batcher
+// conventions), whichever transport carried it: a request with the parameter `sequence_id`
+// (uint64 or string) is a step of that sequence's session; `sequence_start` opens it (the first
+// step, with its kind and, for causal_cross, its context), `sequence_end` ends it after the
+// step. gRPC (ModelInfer, ModelStreamInfer) and REST decode their request, then hand it here.
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/layer.h"
+#include "server/serving/admission.h"
+#include "server/serving/job.h"
+#include "server/serving/sequence_table.h"
+
+namespace attnserve::server {
+
+inline constexpr char kSequenceIdParameter[] = "sequence_id";
+inline constexpr char kSequenceStartParameter[] = "sequence_start";
+inline constexpr char kSequenceEndParameter[] = "sequence_end";
+
+// A request's sequence parameters.
+struct SequenceParams {
+  std::string id;  // the sequence_id's value, as text (a string id quoted)
+  bool start = false;
+  bool end = false;
+};
+
+// A decoded request that is a sequence step.
+struct SequenceRequest {
+  std::string model, version;  // as the request names them ("": the only model, newest version)
+  SequenceParams params;
+  bool kind_given = false;    // the request named its kind (else: causal, or causal_cross with a
+                              // context, as Triton's clients send no kind)
+  core::ForwardArgs* args{};  // the decoded tensors; outlive the step
+  // Sizes the reply for `shapes`, computed by model version `version`; where the outputs go.
+  std::function<absl::StatusOr<ForwardBuffers>(const core::ForwardShapes& shapes, int64_t version)>
+      prepare;
+};
+
+// Runs sequence steps, one at a time: its session found (or opened), validated, computed.
+class SequenceStep {
+ public:
+  SequenceStep(Admission* admission, SequenceTable* table) : admission_(admission), table_(table) {}
+
+  // Runs `request` (which outlives the step); `done` runs once with its status, on this thread
+  // when the step is refused, else on the compute thread.
+  void Run(const SequenceRequest& request, std::function<void(absl::Status)> done);
+
+ private:
+  absl::StatusOr<std::shared_ptr<Session>> SessionFor(const SequenceRequest& request);
+
+  Admission* const admission_;
+  SequenceTable* const table_;
+  std::shared_ptr<Session> session_;  // held until the step is answered
+};
+
+}  // namespace attnserve::server
