@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -15,6 +16,7 @@ namespace attnserve::client {
 // Flags every subcommand shares: where the server is and how long to wait.
 struct ConnectionFlags {
   std::string target = "localhost:50051";
+  bool target_given = false;    // bench --http's default is the REST port, localhost:8000
   double timeout_seconds = 30;  // per call; 0: no deadline
   int max_message_mib = 256;
   std::string lb_policy;  // e.g. round_robin; empty: gRPC's default
@@ -66,8 +68,11 @@ struct ForwardFlags {
 struct LoadFlags {
   CallFlags call;
   int connections = 1;
-  int concurrency = 4;  // closed loop
-  double rate = 0;      // > 0: open loop at this many calls/s
+  bool connections_given = false;
+  bool http = false;                   // REST infer calls instead of gRPC Forward
+  std::string http_encoding = "json";  // --http: json or binary
+  int concurrency = 4;                 // closed loop
+  double rate = 0;                     // > 0: open loop at this many calls/s
   std::string arrival = "constant";
   // Which load flags were on the command line, so a value the run would ignore (or --rate 0)
   // is refused rather than silently dropped.
@@ -104,8 +109,17 @@ struct LoadFlags {
   bool kind_given = false;      // --decode defaults to causal rather than bidirectional
 };
 
-// Reads or makes the arrays the flags name and assembles the call.
-absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags);
+// Finds a model by name ("" for the only one) and version (0: the newest): AttentionClient's
+// FindModel over gRPC, or the REST metadata.
+using ModelFinder =
+    std::function<absl::StatusOr<v1::ModelInfo>(const std::string& name, uint64_t version)>;
+
+// The gRPC model finder of `client` (which outlives it).
+ModelFinder GrpcModelFinder(const AttentionClient& client);
+
+// Reads or makes the arrays the flags name (random ones as wide as `find_model` says the model
+// is) and assembles the call.
+absl::StatusOr<PreparedCall> PrepareCall(const ModelFinder& find_model, const CallFlags& flags);
 
 // Opens a client with the connection flags (after ResolveSecurityFlags); clients with different
 // indexes use different connections (the load test's --connections).

@@ -77,7 +77,7 @@ absl::Status LoadSideInto(const SideFlags& side, int64_t width, uint64_t seed, F
 }
 
 // Fills the call's input and, for the cross kinds, its context, from files or at random.
-absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, bool cross,
+absl::Status LoadArrays(const ModelFinder& find_model, const CallFlags& flags, bool cross,
                         ForwardRequestSpec& call) {
   const SideFlags input{"input", flags.input, flags.random, flags.lengths};
   const SideFlags context{"context", flags.context, flags.context_random, flags.context_lengths};
@@ -86,7 +86,7 @@ absl::Status LoadArrays(const AttentionClient& client, const CallFlags& flags, b
   // Random arrays take their widths from the model the call goes to.
   v1::ModelInfo model;
   if (!flags.random.empty() || !flags.context_random.empty()) {
-    absl::StatusOr<v1::ModelInfo> found = client.FindModel(flags.model, flags.model_version);
+    absl::StatusOr<v1::ModelInfo> found = find_model(flags.model, flags.model_version);
     if (!found.ok()) return found.status();
     model = *std::move(found);
   }
@@ -144,7 +144,13 @@ std::unique_ptr<AttentionClient> ConnectFromFlags(const ConnectionFlags& flags,
   return AttentionClient::Connect(flags.target, options);
 }
 
-absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const CallFlags& flags) {
+ModelFinder GrpcModelFinder(const AttentionClient& client) {
+  return [&client](const std::string& name, uint64_t version) {
+    return client.FindModel(name, version);
+  };
+}
+
+absl::StatusOr<PreparedCall> PrepareCall(const ModelFinder& find_model, const CallFlags& flags) {
   PreparedCall prepared;
   ForwardRequestSpec& call = prepared.call;
   absl::StatusOr<v1::AttentionKind> kind = ParseKind(flags.kind);
@@ -156,7 +162,7 @@ absl::StatusOr<PreparedCall> PrepareCall(const AttentionClient& client, const Ca
   call.kind = *kind;
   call.encoding = *encoding;
   const bool cross = *kind == v1::ATTENTION_KIND_CROSS || *kind == v1::ATTENTION_KIND_CAUSAL_CROSS;
-  if (absl::Status s = LoadArrays(client, flags, cross, call); !s.ok()) return s;
+  if (absl::Status s = LoadArrays(find_model, flags, cross, call); !s.ok()) return s;
   if (!flags.packed) return prepared;
 
   absl::StatusOr<int64_t> unpack_to = PackSide(call.input, call.lengths);

@@ -33,7 +33,7 @@ absl::Status MaybeWrite(const std::string& path, absl::string_view name, const F
 
 absl::Status RunForwardCommand(const ConnectionFlags& connection, const ForwardFlags& flags) {
   std::unique_ptr<AttentionClient> client = ConnectFromFlags(connection);
-  absl::StatusOr<PreparedCall> prepared = PrepareCall(*client, flags.call);
+  absl::StatusOr<PreparedCall> prepared = PrepareCall(GrpcModelFinder(*client), flags.call);
   if (!prepared.ok()) return prepared.status();
   prepared->call.return_attention = flags.return_attention || !flags.attention_output.empty();
 

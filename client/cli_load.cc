@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/load_engine.h"
+#include "client/load_http.h"
 #include "client/load_report.h"
 #include "client/load_workload.h"
 #include "client/metrics_scrape.h"
@@ -19,6 +20,8 @@ namespace {
 // Hard ceiling on a window, so a typo in --duration cannot load a server for days.
 constexpr double kMaxDurationSeconds = 3600;
 constexpr int kMaxConnections = 256;
+// bench --http's default connections (one a call in flight) stop here: a thread each.
+constexpr int kMaxHttpConnections = 1024;
 
 // The load of each step: one, or a sweep's values.
 struct Plan {
@@ -193,6 +196,66 @@ absl::StatusOr<LoadRun> RunPlan(const LoadEngine& engine, const Plan& plan, cons
   return run;
 }
 
+// The connections a load test sends over, and how it finds a model's widths.
+struct Senders {
+  std::string target;
+  std::vector<std::unique_ptr<AttentionClient>> clients;  // gRPC: the senders' channels
+  std::vector<std::unique_ptr<LoadSender>> senders;
+  ModelFinder find_model;
+};
+
+absl::Status ConnectGrpc(const ConnectionFlags& connection, const LoadFlags& flags,
+                         Senders* senders) {
+  // Every connection is made by the client library's one channel-making function.
+  for (int i = 0; i < flags.connections; ++i) {
+    senders->clients.push_back(ConnectFromFlags(connection, i));
+    senders->senders.push_back(std::make_unique<GrpcLoadSender>(senders->clients.back().get()));
+  }
+  senders->target = connection.target;
+  senders->find_model = GrpcModelFinder(*senders->clients[0]);
+  return absl::OkStatus();
+}
+
+// REST: a connection a call in flight unless --connections says otherwise (HTTP/1.1 carries
+// one call at a time), the model's widths from its REST metadata.
+absl::Status ConnectHttp(const ConnectionFlags& connection, const LoadFlags& flags,
+                         const Plan& plan, Senders* senders) {
+  if (!connection.tls_ca.empty() || !connection.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "bench --http speaks plain HTTP: no --tls-ca, --tls-cert or --tls-key with it");
+  }
+  senders->target = connection.target_given ? connection.target : "localhost:8000";
+  absl::StatusOr<HttpUrl> url = ParseHttpUrl(senders->target, /*bare_ok=*/true);
+  if (!url.ok()) return url.status();
+  const absl::Duration timeout =
+      connection.timeout_seconds > 0 ? absl::Seconds(connection.timeout_seconds) : absl::Hours(24);
+  const std::string token = connection.token;
+  senders->find_model = [url = *url, token, timeout](const std::string& name, uint64_t version) {
+    return FindModelOverRest(url, token, name, version, timeout);
+  };
+  // Requests that name no model go to the only one, named in the REST path.
+  absl::StatusOr<v1::ModelInfo> model =
+      senders->find_model(flags.call.model, flags.call.model_version);
+  if (!model.ok()) return model.status();
+  int connections = flags.connections;
+  if (!flags.connections_given) {
+    connections = 1;
+    for (const LoadOptions& step : plan.steps) {
+      connections =
+          std::max(connections, step.mode == LoadMode::kClosed ? step.concurrency
+                                                               : std::min(step.max_in_flight, 64));
+    }
+    connections = std::min(connections, kMaxHttpConnections);
+  }
+  const RestEncoding encoding =
+      flags.http_encoding == "binary" ? RestEncoding::kBinary : RestEncoding::kJson;
+  for (int i = 0; i < connections; ++i) {
+    senders->senders.push_back(
+        std::make_unique<HttpLoadSender>(*url, model->name(), encoding, token, timeout));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status WriteReportFile(const std::string& path, const std::string& text) {
@@ -216,6 +279,10 @@ absl::Status PrintLoadRun(const LoadFlags& flags, const LoadRun& run) {
 }
 
 absl::Status RunLoadCommand(const ConnectionFlags& connection, const LoadFlags& flags) {
+  if (flags.http && flags.decode) {
+    return absl::InvalidArgumentError(
+        "bench --decode streams sessions over gRPC: --http is for one-shot infer calls");
+  }
   if (flags.decode) return RunDecodeLoadCommand(connection, flags);
   if (absl::Status s = CheckFlags(flags); !s.ok()) return s;
   absl::StatusOr<Plan> plan = MakePlan(flags);
@@ -228,22 +295,22 @@ absl::Status RunLoadCommand(const ConnectionFlags& connection, const LoadFlags& 
                                                         : access(dir.c_str(), W_OK) == 0;
     if (!writable) return absl::PermissionDeniedError(absl::StrCat("cannot write ", flags.html));
   }
-  // Every connection is made by the client library's one channel-making function.
-  std::vector<std::unique_ptr<AttentionClient>> clients;
-  std::vector<const AttentionClient*> connections;
-  for (int i = 0; i < flags.connections; ++i) {
-    clients.push_back(ConnectFromFlags(connection, i));
-    connections.push_back(clients.back().get());
-  }
-  absl::StatusOr<std::vector<WorkItem>> work = BuildWorkload(*clients[0], flags);
+  Senders senders;
+  absl::Status connected = flags.http ? ConnectHttp(connection, flags, *plan, &senders)
+                                      : ConnectGrpc(connection, flags, &senders);
+  if (!connected.ok()) return connected;
+  absl::StatusOr<std::vector<WorkItem>> work = BuildWorkload(senders.find_model, flags);
   if (!work.ok()) return work.status();
   const std::string workload = DescribeWorkload(flags, *work);
+  std::vector<const LoadSender*> connections;
+  for (const auto& sender : senders.senders) connections.push_back(sender.get());
   LoadEngine engine(connections, *std::move(work));
   // A failure here (wrong model, bad shape) would fail every timed call too: stop at once.
   if (absl::Status s = engine.Check(std::max(flags.warmup, 0)); !s.ok()) return s;
   absl::StatusOr<LoadRun> run = RunPlan(engine, *plan, flags);
   if (!run.ok()) return run.status();
-  run->target = connection.target;
+  run->target = senders.target;
+  run->protocol = flags.http ? "http-" + flags.http_encoding : "grpc";
   run->workload = workload;
 
   if (absl::Status s = PrintLoadRun(flags, *run); !s.ok()) return s;

@@ -40,7 +40,7 @@ double SecondsBetween(Clock::time_point from, Clock::time_point to) {
 // is guarded by one mutex, held only to count.
 class StepRun {
  public:
-  StepRun(const std::vector<const AttentionClient*>& connections, const std::vector<WorkItem>& work,
+  StepRun(const std::vector<const LoadSender*>& connections, const std::vector<WorkItem>& work,
           const LoadOptions& options)
       : connections_(connections), work_(work), options_(options) {}
 
@@ -48,10 +48,8 @@ class StepRun {
   StepReport Run();
 
  private:
-  // A call and what gRPC fills in; deleted when its answer has been counted.
+  // A call; deleted when its answer has been counted.
   struct Call {
-    grpc::ClientContext context;
-    v1::ForwardResponse response;
     Clock::time_point scheduled;
     const WorkItem* item = nullptr;
     bool counted = false;
@@ -60,7 +58,7 @@ class StepRun {
   // Sends one call scheduled at `scheduled`; its in-flight slot is already taken.
   void Launch(Clock::time_point scheduled, bool counted);
   // Counts an answer; in a closed loop, sends the next call in its place.
-  void Finish(Call* call, const grpc::Status& status);
+  void Finish(Call* call, const absl::Status& status);
   // Counts a call as sent (under mu_).
   void CountSent(Clock::time_point scheduled, Clock::time_point now);
   TimeSlice& SliceOf(Clock::time_point scheduled);
@@ -83,7 +81,7 @@ class StepRun {
   // Bounds the window and the elapsed time once every call has ended, and hands the report out.
   StepReport CloseReport();
 
-  const std::vector<const AttentionClient*>& connections_;
+  const std::vector<const LoadSender*>& connections_;
   const std::vector<WorkItem>& work_;
   const LoadOptions& options_;
   Clock::time_point start_, window_start_, window_end_;
@@ -126,12 +124,11 @@ void StepRun::Launch(Clock::time_point scheduled, bool counted) {
   call->scheduled = scheduled;
   call->counted = counted;
   call->item = &work_[n % work_.size()];
-  const AttentionClient* connection = connections_[n % connections_.size()];
-  connection->SendAsync(&call->context, &call->item->request, &call->response,
-                        [this, call](grpc::Status status) { Finish(call, status); });
+  const LoadSender* connection = connections_[n % connections_.size()];
+  connection->SendAsync(*call->item, [this, call](absl::Status status) { Finish(call, status); });
 }
 
-void StepRun::Finish(Call* call, const grpc::Status& status) {
+void StepRun::Finish(Call* call, const absl::Status& status) {
   const Clock::time_point now = Clock::now();
   bool relaunch = false;
   bool relaunch_counted = false;
@@ -148,7 +145,7 @@ void StepRun::Finish(Call* call, const grpc::Status& status) {
         ++slice.ok;
         report_.tokens += call->item->tokens;
       } else {
-        ++report_.errors[static_cast<absl::StatusCode>(status.error_code())];
+        ++report_.errors[status.code()];
         ++slice.failed;
       }
       last_counted_answer_ = std::max(last_counted_answer_, now);
@@ -380,7 +377,25 @@ double StepReport::achieved_rate() const {
   return seconds > 0 ? static_cast<double>(sent) / seconds : 0.0;
 }
 
-LoadEngine::LoadEngine(std::vector<const AttentionClient*> connections, std::vector<WorkItem> work)
+void GrpcLoadSender::SendAsync(const WorkItem& item, std::function<void(absl::Status)> done) const {
+  // What gRPC fills in, freed once the answer is handed on.
+  struct Call {
+    grpc::ClientContext context;
+    v1::ForwardResponse response;
+  };
+  auto* call = new Call;
+  client_->SendAsync(&call->context, &item.request, &call->response,
+                     [call, done = std::move(done)](grpc::Status status) {
+                       delete call;
+                       done(FromGrpcStatus(status));
+                     });
+}
+
+absl::Status GrpcLoadSender::Send(const WorkItem& item) const {
+  return client_->Send(item.request).status();
+}
+
+LoadEngine::LoadEngine(std::vector<const LoadSender*> connections, std::vector<WorkItem> work)
     : connections_(std::move(connections)), work_(std::move(work)) {}
 
 absl::StatusOr<StepReport> LoadEngine::RunStep(const LoadOptions& options) const {
@@ -406,9 +421,8 @@ absl::StatusOr<StepReport> LoadEngine::RunStep(const LoadOptions& options) const
 
 absl::Status LoadEngine::Check(int calls) const {
   for (int i = 0; i < calls; ++i) {
-    const AttentionClient* connection = connections_[i % connections_.size()];
-    absl::StatusOr<v1::ForwardResponse> r = connection->Send(work_[i % work_.size()].request);
-    if (!r.ok()) return r.status();
+    const LoadSender* connection = connections_[i % connections_.size()];
+    if (absl::Status s = connection->Send(work_[i % work_.size()]); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -24,6 +24,28 @@ struct WorkItem {
   int64_t tokens = 0;
 };
 
+// One connection the load tester sends over, whatever its protocol.
+class LoadSender {
+ public:
+  virtual ~LoadSender() = default;
+  // Sends `item`'s call (`item` outlives it); `done` runs once with its status, on one of the
+  // sender's threads.
+  virtual void SendAsync(const WorkItem& item, std::function<void(absl::Status)> done) const = 0;
+  // Sends `item`'s call and waits for its answer.
+  virtual absl::Status Send(const WorkItem& item) const = 0;
+};
+
+// attnserve.v1 Forward calls over one gRPC channel (any number in flight).
+class GrpcLoadSender final : public LoadSender {
+ public:
+  explicit GrpcLoadSender(const AttentionClient* client) : client_(client) {}
+  void SendAsync(const WorkItem& item, std::function<void(absl::Status)> done) const override;
+  absl::Status Send(const WorkItem& item) const override;
+
+ private:
+  const AttentionClient* const client_;
+};
+
 // Closed loop: `concurrency` calls always in flight. Open loop: `rate` calls per second.
 enum class LoadMode { kClosed, kOpen };
 
@@ -134,8 +156,8 @@ inline constexpr absl::Duration kLateAfter = absl::Milliseconds(1);
 // Sends calls over a set of connections, the requests taken in turn from a pool.
 class LoadEngine {
  public:
-  // `connections` and `work` must not be empty; the clients must outlive the engine.
-  LoadEngine(std::vector<const AttentionClient*> connections, std::vector<WorkItem> work);
+  // `connections` and `work` must not be empty; the senders must outlive the engine.
+  LoadEngine(std::vector<const LoadSender*> connections, std::vector<WorkItem> work);
 
   // Loads the server for one warm-up and window, then waits for every call sent to end.
   absl::StatusOr<StepReport> RunStep(const LoadOptions& options) const;
@@ -145,7 +167,7 @@ class LoadEngine {
   absl::Status Check(int calls) const;
 
  private:
-  std::vector<const AttentionClient*> connections_;
+  std::vector<const LoadSender*> connections_;
   std::vector<WorkItem> work_;
 };
 

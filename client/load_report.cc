@@ -217,6 +217,7 @@ nlohmann::json RunJson(const LoadRun& run) {
       run.latency_limit_ms > 0 ? nlohmann::json(run.latency_limit_ms) : nullptr;
   top["stopped_by_latency_limit"] = run.stopped_by_latency_limit;
   top["target"] = run.target;
+  top["protocol"] = run.protocol;
   top["workload"] = run.workload;
   top["steps"] = std::move(steps);
   return top;

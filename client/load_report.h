@@ -25,7 +25,8 @@ struct LoadRun {
   double latency_limit_ms = 0;
   bool stopped_by_latency_limit = false;
   std::string target;
-  std::string workload;  // what was sent, in words
+  std::string protocol = "grpc";  // grpc, http-json or http-binary (bench --http)
+  std::string workload;           // what was sent, in words
 };
 
 // The run as JSON: the whole run's figures at the top level, and "steps", one entry per step

@@ -210,7 +210,7 @@ function decodeTable() {
 }
 
 document.getElementById("meta").textContent =
-    `${run.mode} loop${run.sweep ? ", " + run.sweep + " sweep" : ""} against ${run.target}: ` +
+    `${run.mode} loop${run.sweep ? ", " + run.sweep + " sweep" : ""} against ${run.target} (${run.protocol}): ` +
     `${run.workload}; ${run.sent} calls sent, ${run.ok} ok` +
     (run.stopped_by_latency_limit ? `; stopped at p99 > ${run.latency_limit_ms} ms` : "");
 let drawn = 0;

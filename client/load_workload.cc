@@ -271,12 +271,12 @@ bool IsMixed(const LoadFlags& flags) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<WorkItem>> BuildWorkload(const AttentionClient& client,
+absl::StatusOr<std::vector<WorkItem>> BuildWorkload(const ModelFinder& find_model,
                                                     const LoadFlags& flags) {
   if (!IsMixed(flags)) {
     CallFlags call_flags = flags.call;
     if (call_flags.input.empty() && call_flags.random.empty()) call_flags.random = "8,128";
-    absl::StatusOr<PreparedCall> prepared = PrepareCall(client, call_flags);
+    absl::StatusOr<PreparedCall> prepared = PrepareCall(find_model, call_flags);
     if (!prepared.ok()) return prepared.status();
     absl::StatusOr<v1::ForwardRequest> request = BuildRequest(prepared->call);
     if (!request.ok()) return request.status();
@@ -304,7 +304,7 @@ absl::StatusOr<std::vector<WorkItem>> BuildWorkload(const AttentionClient& clien
   for (size_t i = 0; i < shapes->size(); ++i) {
     const MixedShape& shape = (*shapes)[i];
     if (!models.contains(shape.model)) {
-      absl::StatusOr<v1::ModelInfo> model = client.FindModel(shape.model, flags.call.model_version);
+      absl::StatusOr<v1::ModelInfo> model = find_model(shape.model, flags.call.model_version);
       if (!model.ok()) return model.status();
       models[shape.model] = *std::move(model);
     }

@@ -56,7 +56,17 @@ void AddLoadCommand(CLI::App& app, LoadFlags& f) {
   CLI::App* load = app.add_subcommand(
       "bench", "Load-test: closed or open loop, sweeps, mixed workloads, JSON/CSV/HTML reports");
   AddCallFlags(load, f.call);
-  load->add_option("--connections", f.connections, "Connections (channels) calls are spread over")
+  load->add_option("--connections", f.connections,
+                   "Connections (channels) calls are spread over (--http: default, the calls in "
+                   "flight)")
+      ->capture_default_str()
+      ->each([&f](const std::string&) { f.connections_given = true; });
+  load->add_flag("--http", f.http,
+                 "Send the Open Inference Protocol's REST infer calls to --target, the REST port "
+                 "(default localhost:8000), over keep-alive HTTP/1.1, instead of gRPC Forward");
+  load->add_option("--http-encoding", f.http_encoding,
+                   "--http: tensors as JSON text, or binary (Triton's binary tensor extension)")
+      ->check(CLI::IsMember({"json", "binary"}))
       ->capture_default_str();
   load->add_option("--concurrency,-c", f.concurrency, "Closed loop: calls in flight")
       ->check(CLI::Range(1, 100000))
@@ -128,7 +138,9 @@ void AddLoadCommand(CLI::App& app, LoadFlags& f) {
 // The flags every subcommand shares, before the subcommand's name: where the server is, how
 // long to wait, TLS and the token.
 void AddConnectionFlags(CLI::App& app, ConnectionFlags& c) {
-  app.add_option("--target", c.target, "Server address host:port")->capture_default_str();
+  app.add_option("--target", c.target, "Server address host:port")
+      ->capture_default_str()
+      ->each([&c](const std::string&) { c.target_given = true; });
   app.add_option("--timeout", c.timeout_seconds, "Deadline per call, seconds (0: none)")
       ->capture_default_str();
   app.add_option("--max-message-mib", c.max_message_mib, "Largest message accepted")

@@ -1,15 +1,7 @@
 #include "client/metrics_scrape.h"
 
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "absl/strings/ascii.h"
@@ -18,83 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "client/http_connection.h"
 
 namespace attnserve::client {
 namespace {
-
-// A scrape larger than this is not attnserve's /metrics.
-constexpr size_t kMaxBody = 64 << 20;
-
-// Closes a socket when it goes out of scope.
-struct SocketCloser {
-  int fd;
-  ~SocketCloser() {
-    if (fd >= 0) close(fd);
-  }
-};
-
-// Waits until `fd` is ready for `events` or the deadline passes.
-bool WaitFor(int fd, short events, std::chrono::steady_clock::time_point deadline) {
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{.fd = fd, .events = events, .revents = 0};
-    const int n = poll(&p, 1, static_cast<int>(left.count()));
-    if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return false;
-  }
-}
-
-// Connects to host:port within the deadline; the socket is non-blocking.
-absl::StatusOr<int> Dial(const std::string& host, const std::string& port,
-                         std::chrono::steady_clock::time_point deadline) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve ", host, ": ", gai_strerror(rc)));
-  }
-  std::string last_error = "no address";
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 ||
-        (errno == EINPROGRESS && WaitFor(fd, POLLOUT, deadline))) {
-      int error = 0;
-      socklen_t len = sizeof(error);
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
-      if (error == 0) {
-        freeaddrinfo(found);
-        return fd;
-      }
-      last_error = std::strerror(error);
-    } else {
-      last_error = errno == EINPROGRESS ? "timed out" : std::strerror(errno);
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return absl::UnavailableError(
-      absl::StrCat("cannot connect to ", host, ":", port, ": ", last_error));
-}
-
-// Decodes a chunked HTTP/1.1 body.
-absl::StatusOr<std::string> Unchunk(absl::string_view body) {
-  std::string out;
-  while (true) {
-    const size_t eol = body.find("\r\n");
-    if (eol == absl::string_view::npos) return absl::DataLossError("truncated chunked body");
-    uint64_t size = 0;
-    std::string hex(absl::StripAsciiWhitespace(body.substr(0, body.find_first_of(";\r"))));
-    if (!absl::SimpleHexAtoi(hex, &size)) return absl::DataLossError("bad chunk size");
-    body.remove_prefix(eol + 2);
-    if (size == 0) return out;
-    if (body.size() < size + 2) return absl::DataLossError("truncated chunk");
-    out.append(body.data(), size);
-    body.remove_prefix(size + 2);
-  }
-}
 
 // Reads a label set {a="x",b="y"}; `text` starts after '{' and is left after '}'.
 absl::Status ParseLabels(absl::string_view& text, std::map<std::string, std::string>& labels) {
@@ -195,112 +114,7 @@ ServerDuration DiffHistogram(const std::vector<MetricSample>& before,
   return d;
 }
 
-// Where an http:// URL points: the host and port to dial, the Host header, the path to GET.
-struct HttpUrl {
-  std::string host;
-  std::string port = "80";
-  std::string authority;
-  std::string path;
-};
-
-// Splits http://HOST[:PORT][/PATH] (HOST may be [IPv6]); nothing but plain http.
-absl::StatusOr<HttpUrl> ParseHttpUrl(const std::string& url) {
-  absl::string_view rest = url;
-  if (!absl::ConsumePrefix(&rest, "http://")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics URL '", url, "' is not http://HOST:PORT/PATH"));
-  }
-  const size_t slash = rest.find('/');
-  const absl::string_view authority = rest.substr(0, slash);
-  HttpUrl parsed;
-  parsed.authority = std::string(authority);
-  parsed.path = slash == absl::string_view::npos ? "/" : std::string(rest.substr(slash));
-  parsed.host = std::string(authority);
-  if (absl::StartsWith(authority, "[")) {  // [::1]:9090
-    const size_t close = authority.find(']');
-    if (close == absl::string_view::npos)
-      return absl::InvalidArgumentError("bad IPv6 address in URL");
-    parsed.host = std::string(authority.substr(1, close - 1));
-    if (authority.size() > close + 2) parsed.port = std::string(authority.substr(close + 2));
-  } else if (const size_t colon = authority.rfind(':'); colon != absl::string_view::npos) {
-    parsed.host = std::string(authority.substr(0, colon));
-    parsed.port = std::string(authority.substr(colon + 1));
-  }
-  if (parsed.host.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("no host in URL '", url, "'"));
-  }
-  return parsed;
-}
-
-// Sends all of `request` on the non-blocking socket before the deadline.
-absl::Status SendAll(int fd, const std::string& request, const std::string& url,
-                     std::chrono::steady_clock::time_point deadline) {
-  for (size_t sent = 0; sent < request.size();) {
-    if (!WaitFor(fd, POLLOUT, deadline)) return absl::DeadlineExceededError("sending to " + url);
-    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno != EAGAIN && errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat("sending to ", url, ": ", std::strerror(errno)));
-    }
-    if (n > 0) sent += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-// Reads the whole answer, until the server closes the connection (the request asked it to).
-absl::StatusOr<std::string> ReadAll(int fd, const std::string& url,
-                                    std::chrono::steady_clock::time_point deadline) {
-  std::string response;
-  char buffer[16384];
-  while (true) {
-    if (!WaitFor(fd, POLLIN, deadline)) return absl::DeadlineExceededError("reading " + url);
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n == 0) return response;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return absl::UnavailableError(absl::StrCat("reading ", url, ": ", std::strerror(errno)));
-    }
-    response.append(buffer, static_cast<size_t>(n));
-    if (response.size() > kMaxBody) return absl::ResourceExhaustedError(url + " answers too much");
-  }
-}
-
-// The body of an HTTP/1.1 answer, which must be a 200, decoded when it came chunked.
-absl::StatusOr<std::string> HttpBody(const std::string& response, const std::string& url) {
-  const size_t head_end = response.find("\r\n\r\n");
-  if (head_end == std::string::npos) return absl::DataLossError(url + ": no HTTP header");
-  const absl::string_view head(response.data(), head_end);
-  std::vector<absl::string_view> status_line =
-      absl::StrSplit(head.substr(0, head.find("\r\n")), ' ');
-  if (status_line.size() < 2 || !absl::StartsWith(status_line[0], "HTTP/")) {
-    return absl::DataLossError(url + ": not an HTTP answer");
-  }
-  if (status_line[1] != "200") {
-    return absl::FailedPreconditionError(absl::StrCat(url, " answered HTTP ", status_line[1]));
-  }
-  const absl::string_view body = absl::string_view(response).substr(head_end + 4);
-  if (absl::StrContains(absl::AsciiStrToLower(head), "transfer-encoding: chunked")) {
-    return Unchunk(body);
-  }
-  return std::string(body);
-}
-
 }  // namespace
-
-absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeout) {
-  absl::StatusOr<HttpUrl> parsed = ParseHttpUrl(url);
-  if (!parsed.ok()) return parsed.status();
-  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(timeout);
-  absl::StatusOr<int> fd = Dial(parsed->host, parsed->port, deadline);
-  if (!fd.ok()) return fd.status();
-  SocketCloser closer{*fd};
-  const std::string request =
-      absl::StrCat("GET ", parsed->path, " HTTP/1.1\r\nHost: ", parsed->authority,
-                   "\r\nAccept: text/plain\r\nConnection: close\r\n\r\n");
-  if (absl::Status s = SendAll(*fd, request, url, deadline); !s.ok()) return s;
-  absl::StatusOr<std::string> response = ReadAll(*fd, url, deadline);
-  if (!response.ok()) return response.status();
-  return HttpBody(*response, url);
-}
 
 absl::StatusOr<std::vector<MetricSample>> ParsePrometheusText(absl::string_view text) {
   std::vector<MetricSample> samples;

@@ -19,10 +19,6 @@ struct MetricSample {
   double value = 0;
 };
 
-// GETs an http:// URL (HTTP/1.1 over a plain socket, no proxy, no TLS) and returns its body;
-// UNAVAILABLE when unreachable, FAILED_PRECONDITION on a status other than 200.
-absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeout);
-
 // Parses the Prometheus text exposition format (comments and TYPE lines skipped).
 absl::StatusOr<std::vector<MetricSample>> ParsePrometheusText(absl::string_view text);
 

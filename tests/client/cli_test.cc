@@ -206,6 +206,49 @@ TEST_F(DemoServerTest, BenchStopsAtOnceOnAWrongCall) {
   EXPECT_EQ(r.exit_code, kNotFound) << Describe(r);
 }
 
+// bench --http drives the REST port with the same workloads: JSON and binary tensors, a mixed
+// pool, the model found through the REST metadata; every call answered 200, and a wrong model
+// stops the run at once with NOT_FOUND, as over gRPC.
+class HttpBenchTest : public SharedServerTest {
+ protected:
+  static void SetUpTestSuite() {
+    http_port_ = ClosedLoopbackPort();
+    StartServer({"--threads", "2", "--http-listen", absl::StrCat("127.0.0.1:", http_port_)});
+  }
+  ProgramResult Run(std::vector<std::string> args) {
+    return Client(absl::StrCat("127.0.0.1:", http_port_), args);
+  }
+  inline static int http_port_ = 0;
+};
+
+TEST_F(HttpBenchTest, JsonAndBinaryCallsAreAllAnswered) {
+  for (const std::string encoding : {"json", "binary"}) {
+    ProgramResult r =
+        Run({"bench", "--http", "--http-encoding", encoding, "--random", "2,16", "--lengths",
+             "16,9", "--concurrency", "3", "--duration", "30", "--requests", "30", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << Describe(r);
+    nlohmann::json report = nlohmann::json::parse(r.out);
+    EXPECT_EQ(report["protocol"], "http-" + encoding);
+    EXPECT_EQ(report["ok"], 30) << r.out;
+    EXPECT_TRUE(report["errors"].empty()) << r.out;
+    EXPECT_EQ(report["tokens"], 30 * 25);
+    EXPECT_EQ(report["connections"], 3);  // one a call in flight
+  }
+  ProgramResult r =
+      Run({"bench", "--http", "--kinds", "cross,causal", "--lengths-list", "4,32",
+           "--context-random", "2,8", "--duration", "30", "--requests", "20", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ok"], 20) << r.out;
+}
+
+TEST_F(HttpBenchTest, AWrongModelStopsTheRunWithNotFound) {
+  ProgramResult r = Run({"bench", "--http", "--model", "nope", "--random", "1,8"});
+  EXPECT_EQ(r.exit_code, kNotFound) << Describe(r);
+  EXPECT_NE(r.err.find("nope"), std::string::npos) << r.err;
+  r = Run({"bench", "--http", "--decode"});
+  EXPECT_EQ(r.exit_code, kInvalidArgument) << Describe(r);
+}
+
 TEST(ClientWithoutServerTest, UnreachableServerExitsWithUnavailable) {
   const std::string target = absl::StrCat("127.0.0.1:", ClosedLoopbackPort());
   ProgramResult r =

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_split.h"
 #include "client/histogram.h"
+#include "client/http_connection.h"
 #include "client/load_engine.h"
 #include "client/metrics_scrape.h"
 #include "gtest/gtest.h"
@@ -176,7 +177,8 @@ TEST(LoadReportTest, CsvHasAHeaderAndARowPerStepOfEqualWidth) {
 TEST(LoadEngineTest, RefusesBadOptionsBeforeAnyCall) {
   // Nothing listens there: the options must be refused before a call is tried.
   std::unique_ptr<AttentionClient> client = AttentionClient::Connect("127.0.0.1:1");
-  LoadEngine engine({client.get()}, {WorkItem{}});
+  GrpcLoadSender sender(client.get());
+  LoadEngine engine({&sender}, {WorkItem{}});
   LoadOptions unbounded;
   unbounded.duration = absl::ZeroDuration();
   EXPECT_EQ(engine.RunStep(unbounded).status().code(), absl::StatusCode::kInvalidArgument);

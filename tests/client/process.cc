@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -88,10 +89,13 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::string& server_binary, const std::vector<std::string>& extra_args) {
   const std::string dir = MakeTempDir();
   const std::string port_file = dir + "/port";
-  // No metrics port: the default one is machine-wide, and tests run side by side.
-  std::vector<std::string> argv = {server_binary,      "--listen", "127.0.0.1:0",
-                                   "--port-file",      port_file,  "--metrics-listen=off",
-                                   "--http-listen=off"};
+  // No metrics or REST port unless asked for: the default ones are machine-wide, and tests run
+  // side by side.
+  std::vector<std::string> argv = {server_binary, "--listen", "127.0.0.1:0",
+                                   "--port-file", port_file,  "--metrics-listen=off"};
+  if (std::find(extra_args.begin(), extra_args.end(), "--http-listen") == extra_args.end()) {
+    argv.push_back("--http-listen=off");
+  }
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   pid_t pid = Spawn(argv, dir + "/server.out", dir + "/server.err");
   if (pid < 0) return absl::InternalError(absl::StrCat("cannot start ", server_binary));

@@ -34,8 +34,9 @@ ProgramResult RunProgram(const std::vector<std::string>& argv,
 // An attnserve process listening on 127.0.0.1 at a port the kernel picked.
 class ServerProcess {
  public:
-  // Starts `server_binary --listen 127.0.0.1:0 --port-file ...` plus `extra_args`, and waits
-  // (bounded) until it wrote its port.
+  // Starts `server_binary --listen 127.0.0.1:0 --port-file ...` plus `extra_args` (no metrics
+  // port, no REST port unless they give --http-listen), and waits (bounded) until it wrote its
+  // port.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
       const std::string& server_binary, const std::vector<std::string>& extra_args);
 
