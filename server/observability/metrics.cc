@@ -163,7 +163,8 @@ struct Metrics::Families {
   explicit Families(prometheus::Registry& r)
       : requests(prometheus::BuildCounter()
                      .Name("attnserve_requests_total")
-                     .Help("Forward calls answered, by model, kind and gRPC status code.")
+                     .Help("Forward calls answered, by model, kind, gRPC status code and "
+                           "protocol (grpc, http).")
                      .Register(r)),
         tokens(prometheus::BuildCounter()
                    .Name("attnserve_tokens_total")
@@ -452,16 +453,18 @@ void Metrics::CallArrived() {
   families_->inflight.Increment();
 }
 
-void Metrics::CallAnswered(ModelMetrics& model, std::optional<core::AttentionKind> kind,
-                           absl::StatusCode code, int64_t tokens, double seconds) {
+void Metrics::CallAnswered(ModelMetrics& model, CallProtocol protocol,
+                           std::optional<core::AttentionKind> kind, absl::StatusCode code,
+                           int64_t tokens, double seconds) {
   if (!enabled_) return;
   families_->inflight.Decrement();
   const int k = KindIndex(kind);
   const int c = CodeIndex(code);
-  Lazy(model.requests_[k][c], families_->requests,
+  Lazy(model.requests_[static_cast<int>(protocol)][k][c], families_->requests,
        {{"model", model.name_},
         {"kind", KindLabel(k)},
-        {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(c))}})
+        {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(c))},
+        {"protocol", std::string(ProtocolLabel(protocol))}})
       .Increment();
   const Labels model_kind{{"model", model.name_}, {"kind", KindLabel(k)}};
   Lazy(model.request_duration_[k], families_->request_duration, model_kind, DurationBuckets())

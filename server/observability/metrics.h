@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/layer_spec.h"
+#include "server/observability/call_protocol.h"
 #include "server/observability/metrics_http.h"
 #include "server/observability/model_summary.h"
 
@@ -110,7 +111,9 @@ class ModelMetrics {
   prometheus::Histogram* decode_step_tokens_ = nullptr;
   std::array<prometheus::Counter*, kSessionRefusals> sessions_refused_{};
   // Made on first use, so the exposition lists only the kinds and codes that happened.
-  std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kKinds> requests_{};
+  std::array<std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kKinds>,
+             kCallProtocols>
+      requests_{};
   std::array<std::atomic<prometheus::Counter*>, kKinds> tokens_{};
   std::array<std::atomic<prometheus::Histogram*>, kKinds> request_duration_{};
 };
@@ -164,8 +167,9 @@ class Metrics {
   // A Forward call was answered with `code` after `seconds` from arrival. `kind` is empty when
   // the call was refused before its kind was known; `tokens` counts (for OK calls) the valid
   // query tokens.
-  void CallAnswered(ModelMetrics& model, std::optional<core::AttentionKind> kind,
-                    absl::StatusCode code, int64_t tokens, double seconds);
+  void CallAnswered(ModelMetrics& model, CallProtocol protocol,
+                    std::optional<core::AttentionKind> kind, absl::StatusCode code, int64_t tokens,
+                    double seconds);
 
   // Bucket bounds (seconds) of the duration histograms: 50 µs to 60 s, 1-2.5-5 per decade.
   static const std::vector<double>& DurationBuckets();

@@ -36,7 +36,7 @@ void CallReporter::Answer(Job& job, absl::string_view model, bool decoded,
   const std::optional<core::AttentionKind> kind =
       decoded ? std::optional(job.args().kind) : std::nullopt;
   ModelMetrics& model_metrics = metrics_->ForModel(model);
-  metrics_->CallAnswered(model_metrics, kind, status.code(),
+  metrics_->CallAnswered(model_metrics, job.protocol(), kind, status.code(),
                          status.ok() ? job.args().input.total_length() : 0, seconds);
   if (run.batch_calls > 0) model_metrics.QueueWait(run.queue_seconds);
   if (status.ok()) {

@@ -1,7 +1,8 @@
 #pragma once
 
 // One Forward call as admission and the schedulers see it, whatever protocol it came in on. A
-// frontend (attnserve.v1, the Open Inference Protocol) implements Job for its wire format;
+// frontend (attnserve.v1, the Open Inference Protocol over gRPC or REST) implements Job for its
+// wire format;
 // everything after decoding is the same for every frontend.
 
 #include <atomic>
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/layer.h"
+#include "server/observability/call_protocol.h"
 #include "server/serving/clock.h"
 #include "server/serving/model_version.h"
 
@@ -50,6 +52,9 @@ class Job {
 
   // The version the caller named (read with RequestedModel); 0 for the newest ready one.
   virtual uint64_t RequestedVersion() const { return 0; }
+
+  // The transport the call came in on (its metrics' protocol label).
+  virtual CallProtocol protocol() const { return CallProtocol::kGrpc; }
 
   // The model version the call was admitted with: admission sets it, and the call holds it (its
   // weights stay loaded) until it is answered, whatever swaps happen meanwhile.

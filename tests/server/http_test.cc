@@ -846,12 +846,22 @@ TEST(HttpMetricsTest, RestAndGrpcCallsAreCountedTogether) {
   ASSERT_TRUE(stub->ModelInfer(&context, ToGrpc(call), &response).ok());
   absl::StatusOr<std::map<std::string, double>> series = Scrape(server->metrics_port());
   ASSERT_TRUE(series.ok()) << series.status();
-  EXPECT_EQ((*series)[SeriesKey("attnserve_requests_total",
-                                {{"model", "demo"}, {"kind", "causal"}, {"code", "OK"}})],
-            3);
-  EXPECT_EQ((*series)[SeriesKey("attnserve_requests_total",
-                                {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}})],
+  // The same series, told apart by protocol; the other metrics count both together.
+  EXPECT_EQ((*series)[SeriesKey(
+                "attnserve_requests_total",
+                {{"model", "demo"}, {"kind", "causal"}, {"code", "OK"}, {"protocol", "http"}})],
+            2);
+  EXPECT_EQ((*series)[SeriesKey(
+                "attnserve_requests_total",
+                {{"model", "demo"}, {"kind", "causal"}, {"code", "OK"}, {"protocol", "grpc"}})],
             1);
+  EXPECT_EQ((*series)[SeriesKey(
+                "attnserve_requests_total",
+                {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}, {"protocol", "http"}})],
+            1);
+  EXPECT_EQ((*series)[SeriesKey("attnserve_request_duration_seconds_count",
+                                {{"model", "demo"}, {"kind", "causal"}})],
+            3);
 }
 
 TEST(HttpOptionsTest, OffAndBadAddresses) {

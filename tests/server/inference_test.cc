@@ -764,10 +764,12 @@ TEST(InferenceMetricsTest, CallsFromBothFrontendsAreCountedTogether) {
 
   absl::StatusOr<std::map<std::string, double>> series = Scrape(server->metrics_port());
   ASSERT_TRUE(series.ok()) << series.status();
-  const std::string ok = SeriesKey("attnserve_requests_total",
-                                   {{"model", "demo"}, {"kind", "causal"}, {"code", "OK"}});
+  const std::string ok =
+      SeriesKey("attnserve_requests_total",
+                {{"model", "demo"}, {"kind", "causal"}, {"code", "OK"}, {"protocol", "grpc"}});
   const std::string not_found =
-      SeriesKey("attnserve_requests_total", {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}});
+      SeriesKey("attnserve_requests_total",
+                {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}, {"protocol", "grpc"}});
   EXPECT_EQ((*series)[ok], 5) << ok;
   EXPECT_EQ((*series)[not_found], 1) << not_found;
   EXPECT_EQ((*series)[SeriesKey("attnserve_tokens_total", {{"model", "demo"}, {"kind", "causal"}})],

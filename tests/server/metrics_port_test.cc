@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "client/metrics_scrape.h"
+#include "client/http_connection.h"
 #include "gtest/gtest.h"
 #include "server/observability/metrics.h"
 #include "server/options.h"

@@ -74,9 +74,11 @@ TEST(MetricsTest, ScrapeReadsBackWhatWasRecorded) {
   ModelMetrics& enc = metrics->ForModel("enc");
 
   for (int i = 0; i < 3; ++i) metrics->CallArrived();
-  metrics->CallAnswered(enc, core::AttentionKind::kCausalCross, absl::StatusCode::kOk, 16, 2e-3);
-  metrics->CallAnswered(enc, core::AttentionKind::kCausalCross, absl::StatusCode::kOk, 5, 30e-6);
-  metrics->CallAnswered(metrics->ForModel("no-such-model"), std::nullopt,
+  metrics->CallAnswered(enc, CallProtocol::kGrpc, core::AttentionKind::kCausalCross,
+                        absl::StatusCode::kOk, 16, 2e-3);
+  metrics->CallAnswered(enc, CallProtocol::kHttp, core::AttentionKind::kCausalCross,
+                        absl::StatusCode::kOk, 5, 30e-6);
+  metrics->CallAnswered(metrics->ForModel("no-such-model"), CallProtocol::kGrpc, std::nullopt,
                         absl::StatusCode::kNotFound, 0, 1e-4);
   enc.SetQueueDepth(2);
   enc.SetQueueDepth(1);
@@ -90,10 +92,18 @@ TEST(MetricsTest, ScrapeReadsBackWhatWasRecorded) {
     labels.emplace_back(std::move(key), std::move(value));
     return labels;
   };
-  EXPECT_EQ(Value(*s, SeriesKey("attnserve_requests_total", with(enc_cc, "code", "OK"))), 2);
-  EXPECT_EQ(Value(*s, SeriesKey("attnserve_requests_total",
-                                {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}})),
-            1);
+  // One call each way: the protocol label tells them apart; the other series sum them.
+  for (const std::string protocol : {"grpc", "http"}) {
+    EXPECT_EQ(Value(*s, SeriesKey("attnserve_requests_total",
+                                  with(with(enc_cc, "code", "OK"), "protocol", protocol))),
+              1)
+        << protocol;
+  }
+  EXPECT_EQ(
+      Value(*s,
+            SeriesKey("attnserve_requests_total",
+                      {{"model", ""}, {"kind", ""}, {"code", "NOT_FOUND"}, {"protocol", "grpc"}})),
+      1);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_tokens_total", enc_cc)), 21);
   // A refused call's tokens are not counted, and its kind is not known.
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_tokens_total", {{"model", ""}, {"kind", ""}})), -1);
@@ -179,14 +189,16 @@ TEST(MetricsTest, CodesPastGrpcsAreInternalAsOnTheWire) {
   absl::StatusOr<int> port = metrics->Serve("127.0.0.1:0");
   ASSERT_TRUE(port.ok()) << port.status();
   metrics->CallArrived();
-  metrics->CallAnswered(metrics->ForModel("dec"), core::AttentionKind::kBidirectional,
-                        static_cast<absl::StatusCode>(20), 0, 1e-3);
+  metrics->CallAnswered(metrics->ForModel("dec"), CallProtocol::kGrpc,
+                        core::AttentionKind::kBidirectional, static_cast<absl::StatusCode>(20), 0,
+                        1e-3);
   absl::StatusOr<std::map<std::string, double>> s = Scrape(*port);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(
-      Value(*s, SeriesKey("attnserve_requests_total",
-                          {{"model", "dec"}, {"kind", "bidirectional"}, {"code", "INTERNAL"}})),
-      1);
+  EXPECT_EQ(Value(*s, SeriesKey("attnserve_requests_total", {{"model", "dec"},
+                                                             {"kind", "bidirectional"},
+                                                             {"code", "INTERNAL"},
+                                                             {"protocol", "grpc"}})),
+            1);
 }
 
 TEST(MetricsTest, SeriesMadeByRacingThreadsCountEveryCall) {
@@ -200,8 +212,8 @@ TEST(MetricsTest, SeriesMadeByRacingThreadsCountEveryCall) {
     threads.emplace_back([&] {
       for (int i = 0; i < kCalls; ++i) {
         metrics->CallArrived();
-        metrics->CallAnswered(metrics->ForModel("enc"), core::AttentionKind::kCausal,
-                              absl::StatusCode::kOk, 3, 1e-4);
+        metrics->CallAnswered(metrics->ForModel("enc"), CallProtocol::kGrpc,
+                              core::AttentionKind::kCausal, absl::StatusCode::kOk, 3, 1e-4);
       }
     });
   }
@@ -209,9 +221,11 @@ TEST(MetricsTest, SeriesMadeByRacingThreadsCountEveryCall) {
   absl::StatusOr<std::map<std::string, double>> s = Scrape(*port);
   ASSERT_TRUE(s.ok()) << s.status();
   const testing::SeriesLabels labels = {{"model", "enc"}, {"kind", "causal"}};
-  EXPECT_EQ(Value(*s, SeriesKey("attnserve_requests_total",
-                                {{"model", "enc"}, {"kind", "causal"}, {"code", "OK"}})),
-            kThreads * kCalls);
+  EXPECT_EQ(
+      Value(*s, SeriesKey(
+                    "attnserve_requests_total",
+                    {{"model", "enc"}, {"kind", "causal"}, {"code", "OK"}, {"protocol", "grpc"}})),
+      kThreads * kCalls);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_tokens_total", labels)), 3 * kThreads * kCalls);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_request_duration_seconds_count", labels)),
             kThreads * kCalls);
@@ -242,7 +256,8 @@ TEST(MetricsTest, DisabledRecordsNothingAndServesNothing) {
   ModelMetrics& model = metrics->AddModel("enc");
   metrics->SetModelInfo(TwoModels().front());
   metrics->CallArrived();
-  metrics->CallAnswered(model, core::AttentionKind::kCausal, absl::StatusCode::kOk, 3, 1e-4);
+  metrics->CallAnswered(model, CallProtocol::kGrpc, core::AttentionKind::kCausal,
+                        absl::StatusCode::kOk, 3, 1e-4);
   model.SetQueueDepth(1);
   model.QueueWait(1e-4);
   model.ComputeRun(1, 3, 1e-4);

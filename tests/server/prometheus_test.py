@@ -7,7 +7,8 @@ Prometheus's HTTP API must then return the series the calls made.
 Calls, each an `attnserve-client infer` whose exit status is checked: 12 Forward calls (1x16,
 bidirectional, demo layer) and 3 for a model the server does not have; then 12 more once
 Prometheus holds the series, since a rate needs growth between scrapes. Expected:
-  attnserve_requests_total{code="OK"}        one series {model="demo", kind="bidirectional"}: 12
+  attnserve_requests_total{code="OK"}        one series {model="demo", kind="bidirectional",
+                                             protocol="grpc"}: 12
   attnserve_requests_total{code="NOT_FOUND"} one series {model="", kind=""}: 3
   attnserve_tokens_total                     12 * 16
   then attnserve_requests_total{code="OK"} 24, and its rate(...[1m]) one series > 0
@@ -140,7 +141,7 @@ def main():
         ok = one_series(prom_port, 'attnserve_requests_total{code="OK"}', lambda v: v == OK_CALLS)
         labels = {k: v for k, v in ok["metric"].items() if k not in ("instance", "job")}
         if labels != {"__name__": "attnserve_requests_total", "model": "demo",
-                      "kind": "bidirectional", "code": "OK"}:
+                      "kind": "bidirectional", "code": "OK", "protocol": "grpc"}:
             sys.exit(f"FAIL: OK series labels {labels}")
         missing = one_series(prom_port, 'attnserve_requests_total{code="NOT_FOUND"}',
                              lambda v: v == NOT_FOUND_CALLS)

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "client/http_connection.h"
 #include "client/metrics_scrape.h"
 
 namespace attnserve::server::testing {

@@ -47,6 +47,7 @@ class HttpInferCall final : public Job {
   int64_t ReplyBytes(const core::ForwardShapes& shapes) const override;
   absl::StatusOr<ForwardBuffers> Buffers(const core::ForwardShapes& shapes) override;
   uint64_t RequestedVersion() const override { return version_number_; }
+  CallProtocol protocol() const override { return CallProtocol::kHttp; }
   // The version that computed the reply (valid once answered OK).
   int64_t computed_by() const { return computed_by_; }
   void Finish(const absl::Status& status) override;

@@ -128,10 +128,6 @@ void Infer(Admission& admission, SequenceTable& sequences, const HttpBodyLimits&
                                             " (--max-message-mib)")),
                       /*close=*/true);
   }
-  if (!admission.accepting()) {
-    return ReplyError(exchange, absl::UnavailableError("the server is shutting down"),
-                      /*close=*/true);
-  }
   // The body is read before admission (REST carries sequence parameters in it), and parsed
   // after admission's refusals unless it names a sequence.
   absl::StatusOr<HttpInferBody> body = ReadInferBody(exchange, limits);
