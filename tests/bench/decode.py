@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The decode-session benchmark (issue 23): one run, printing ratios. Run by hand, not by ctest:
 
-  /usr/bin/python3 tests/bench/decode.py [--build build] [--quick] [--skip-4096]
+  /usr/bin/python3 tests/bench/decode.py [--build build] [--quick] [--skip-4096] [--peer-only]
 
 Starts attnserve (f32 cache, then --kv-cache-precision bf16) with the demo layer and a
 768-wide 12-head layer whose weights numpy writes into a temp dir, and drives it with the C++
@@ -17,7 +17,12 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
 - server CPU (/proc/PID/stat utime + stime) per 1-token streamed step / per unary 1x1 Forward
   (target <= 0.6);
 - step latency p99 of 32 sessions with and without 4096-token prompts arriving (chunked
-  prefill; target <= 2x).
+  prefill; target <= 2x);
+- peer: the same session workload (768-wide, 64 streams of one sequence and one stream of
+  B = 64, prompt 512, 128 steps of 1 token) against attnserve and against pytorch_kv_server.py,
+  a grpcio + PyTorch server that batches every waiting stream's step into one matmul and keeps a
+  KV cache per session: tokens/s of each and attnserve / peer (target >= 5x). --peer-only runs
+  this section alone. The peer needs python3-torch with OpenBLAS (libopenblas0-openmp).
 """
 import argparse
 import json
@@ -103,6 +108,25 @@ class Server:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+class PeerServer(Server):
+    """pytorch_kv_server.py serving one layer file as `name`, the same way attnserve is run."""
+
+    def __init__(self, build, workdir, name, layer):
+        self.port = free_port()
+        self.log = open(os.path.join(workdir, f"peer-{self.port}.log"), "w")
+        port_file = os.path.join(workdir, f"peer-port-{self.port}")
+        argv = [sys.executable, os.path.join(HERE, "pytorch_kv_server.py"), "--weights", layer,
+                "--name", name, "--port", str(self.port), "--port-file", port_file,
+                "--build", build]
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while not (os.path.exists(port_file) and open(port_file).read().endswith("\n")):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the PyTorch peer did not start: {open(self.log.name).read()}")
+            time.sleep(0.1)
+        self.target = f"127.0.0.1:{self.port}"
 
 
 class Bench:
@@ -215,49 +239,64 @@ def prefill_p99(bench, model, steps):
     return alone, busy
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
-    parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
-    parser.add_argument("--skip-4096", action="store_true", help="no cache-length-4096 rows")
-    parser.add_argument("--long-sequences", type=int, default=64,
-                        help="sequences of the cache-length-4096 rows (each needs a 4096-token "
-                             "prefill first)")
-    args = parser.parse_args()
-    server_bin = os.path.join(args.build, "server", "attnserve")
-    client_bin = os.path.join(args.build, "client", "attnserve-client")
-    steps = 16 if args.quick else 128
-    lengths = [(512, 64)] + ([] if args.skip_4096 else [(4096, args.long_sequences)])
+def peer_rows(server_bin, client_bin, build, workdir, layer, n, prompt, steps):
+    """Sessions' tokens/s of attnserve and of the PyTorch peer, one server at a time, for n
+    streams of one sequence and one stream of B = n on the 768-wide layer."""
+    shapes = ((n, 1), (1, n))
+    tps = {}
+    for who in ("attnserve", "peer"):
+        server = (Server(server_bin, workdir, [f"wide={layer}:num_heads=12"],
+                         ["--kv-cache-mib", "8192"]) if who == "attnserve"
+                  else PeerServer(build, workdir, "wide", layer))
+        bench = Bench(client_bin, server.target)
+        try:
+            bench.decode("wide", 2, 2, 32, 4)  # a warm-up: first calls' setup out of the timing
+            for sessions, batch in shapes:
+                r = bench.decode("wide", sessions, batch, prompt, steps)
+                tps[who, sessions, batch] = r["decode"]["tokens_per_second"]
+                print(f"  {who:9s} wide prompt {prompt:4d} {sessions:2d} sessions x B={batch:2d}: "
+                      f"{tps[who, sessions, batch]:9.0f} tokens/s, step p99 "
+                      f"{r['decode']['inter_token_latency_ms']['p99']:.1f} ms", flush=True)
+        finally:
+            server.stop()
+    rows = []
+    for sessions, batch in shapes:
+        ours, peer = tps["attnserve", sessions, batch], tps["peer", sessions, batch]
+        rows.append((prompt, f"{sessions}x B={batch}", ours, peer))
+        print(f"  attnserve / peer, {sessions:2d} sessions x B={batch:2d}: {ours:.0f} / "
+              f"{peer:.0f} = {ours / peer:.1f}x", flush=True)
+    return rows
 
+
+def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, lengths):
+    """The sections before the peer's: the ceiling, recompute, serving cost, chunked prefill."""
     print("memory copy bandwidth (1 GiB, best of 5)...", flush=True)
     bandwidth = copy_bandwidth()
     print(f"  {bandwidth / 1e9:.2f} GB/s (read + write)", flush=True)
     models = [("demo", 256), ("wide", 768)]
-    table = {"bandwidth": bandwidth}
-    with tempfile.TemporaryDirectory() as workdir:
-        layer = os.path.join(workdir, "wide.safetensors")
-        write_wide_layer(layer)
-        specs = ["demo=built-in", f"wide={layer}:num_heads=12"]
-        for precision, element_bytes in (("f32", 4), ("bf16", 2)):
-            server = Server(server_bin, workdir, specs,
-                            ["--kv-cache-precision", precision, "--kv-cache-mib", "8192"])
-            bench = Bench(client_bin, server.target)
-            try:
-                print(f"sessions vs the memory-bound ceiling, {precision} cache:", flush=True)
-                table[f"ceiling_{precision}"] = ceiling_rows(bench, bandwidth, models,
-                                                             element_bytes, lengths, steps,
-                                                             precision)
-                if precision == "f32":
-                    print("against recompute (768-wide, one sequence):", flush=True)
-                    table["recompute"] = recompute_rows(bench, "wide", [128, 512, 2048], steps)
-                    print("serving cost (demo layer):", flush=True)
-                    table["cpu"] = cpu_ratio(server, bench, "demo", args.quick)
-                    print("chunked prefill (768-wide, 32 sessions):", flush=True)
-                    table["prefill"] = prefill_p99(bench, "wide", 2 * steps)
-            finally:
-                server.stop()
+    table["bandwidth"] = bandwidth
+    specs = ["demo=built-in", f"wide={layer}:num_heads=12"]
+    for precision, element_bytes in (("f32", 4), ("bf16", 2)):
+        server = Server(server_bin, workdir, specs,
+                        ["--kv-cache-precision", precision, "--kv-cache-mib", "8192"])
+        bench = Bench(client_bin, server.target)
+        try:
+            print(f"sessions vs the memory-bound ceiling, {precision} cache:", flush=True)
+            table[f"ceiling_{precision}"] = ceiling_rows(bench, bandwidth, models,
+                                                         element_bytes, lengths, steps,
+                                                         precision)
+            if precision == "f32":
+                print("against recompute (768-wide, one sequence):", flush=True)
+                table["recompute"] = recompute_rows(bench, "wide", [128, 512, 2048], steps)
+                print("serving cost (demo layer):", flush=True)
+                table["cpu"] = cpu_ratio(server, bench, "demo", args.quick)
+                print("chunked prefill (768-wide, 32 sessions):", flush=True)
+                table["prefill"] = prefill_p99(bench, "wide", 2 * steps)
+        finally:
+            server.stop()
 
-    print("\n| measure | value | target |\n|---|---|---|")
+
+def print_other_rows(table):
     for precision in ("f32", "bf16"):
         for label, name, prompt, how, tps, ceiling, _ in table[f"ceiling_{precision}"]:
             target = ">= 0.6" if name == "wide" else "(per-message cost)"
@@ -274,6 +313,44 @@ def main():
     alone, busy = table["prefill"]
     print(f"| step p99 of 32 sessions with / without 4096-token prompts | "
           f"{busy:.2f} / {alone:.2f} ms = {busy / alone:.2f}x | <= 2x |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
+    parser.add_argument("--skip-4096", action="store_true", help="no cache-length-4096 rows")
+    parser.add_argument("--long-sequences", type=int, default=64,
+                        help="sequences of the cache-length-4096 rows (each needs a 4096-token "
+                             "prefill first)")
+    parser.add_argument("--peer-only", action="store_true",
+                        help="only the section against the PyTorch KV-cache server")
+    args = parser.parse_args()
+    server_bin = os.path.join(args.build, "server", "attnserve")
+    client_bin = os.path.join(args.build, "client", "attnserve-client")
+    steps = 16 if args.quick else 128
+    lengths = [(512, 64)] + ([] if args.skip_4096 else [(4096, args.long_sequences)])
+
+    # The peer's workload: the ceiling rows' (prompt 512, 64 sequences, 128 steps); --quick
+    # shrinks all three, the PyTorch server's prefill being the long part.
+    peer_n, peer_prompt, peer_steps = (16, 128, 64) if args.quick else (64, 512, 128)
+    table = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        layer = os.path.join(workdir, "wide.safetensors")
+        write_wide_layer(layer)
+        if not args.peer_only:
+            other_sections(table, args, server_bin, client_bin, workdir, layer, steps, lengths)
+        print("peer: PyTorch KV-cache server (768-wide, f32):", flush=True)
+        table["peer"] = peer_rows(server_bin, client_bin, args.build, workdir, layer, peer_n,
+                                  peer_prompt, peer_steps)
+
+    print("\n| measure | value | target |\n|---|---|---|")
+    if not args.peer_only:
+        print_other_rows(table)
+    for prompt, how, ours, peer in table["peer"]:
+        print(f"| attnserve / PyTorch KV-cache server tokens/s, 768-wide, prompt {prompt}, "
+              f"{peer_steps} steps, {how} | {ours:.0f} / {peer:.0f} = {ours / peer:.1f}x | "
+              f">= 5x |")
 
 
 if __name__ == "__main__":
