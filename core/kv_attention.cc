@@ -5,8 +5,36 @@
 #include <cstring>
 #include <limits>
 
+// One body, compiled three times: for AVX-512, for AVX2 + FMA (per-function target attributes,
+// no global flags) and portable; the widest the CPU has is chosen once at run time, as the
+// attention tiles are (attention_tiles_avx512.cc). The body works on 16-float vectors (GCC and
+// clang vector extensions), which each flavour lowers to its own registers: one zmm, two ymm or
+// four xmm.
+
 namespace attnserve::core {
 namespace {
+
+static_assert(kKvBlockTokens == 16, "a block's 16 keys are one 16-float vector");
+
+// How many blocks ahead a query's keys and values are asked for while it computes.
+constexpr int64_t kPrefetchBlocks = 2;
+
+typedef float Floats16 __attribute__((vector_size(64)));
+typedef uint16_t Halves16 __attribute__((vector_size(32)));
+typedef uint32_t Words16 __attribute__((vector_size(64)));
+
+// 16 cached elements from `p` (unaligned), widened to f32 (bf16: the high half of an f32).
+#define ATTNSERVE_LOAD16(out, p)                                              \
+  do {                                                                        \
+    if constexpr (sizeof(*(p)) == 2) {                                        \
+      Halves16 halves_;                                                       \
+      __builtin_memcpy(&halves_, (p), sizeof(halves_));                       \
+      const Words16 words_ = __builtin_convertvector(halves_, Words16) << 16; \
+      __builtin_memcpy(&(out), &words_, sizeof(out));                         \
+    } else {                                                                  \
+      __builtin_memcpy(&(out), (p), sizeof(out));                             \
+    }                                                                         \
+  } while (0)
 
 inline float Widen(float x) { return x; }
 inline float Widen(uint16_t x) {
@@ -16,58 +44,185 @@ inline float Widen(uint16_t x) {
   return f;
 }
 
-// One query's one head over its visible keys, blocks of T (float or bf16 storage).
+// x = e^x, elementwise, for x <= 0 (scores less their maximum), within about 1 ulp of std::exp;
+// below -87 it gives e^-87 rather than 0 (a weight of 1.6e-38 against the maximum's 1).
+[[gnu::always_inline]] inline void Exp16(Floats16& x) {
+  typedef int32_t Ints16 __attribute__((vector_size(64)));
+  x = x < -87.0f ? Floats16{} - 87.0f : x;
+  const Floats16 t = x * 1.44269504088896341f;  // e^x = 2^t = 2^n * 2^f, n = round(t)
+  const Ints16 n = __builtin_convertvector(t - 0.5f, Ints16);  // t - 0.5 < 0: truncation rounds
+  const Floats16 f = (t - __builtin_convertvector(n, Floats16)) * 0.693147180559945309f;
+  // e^f for |f| <= ln(2) / 2, Taylor to f^7 (error below 2e-8 relative).
+  Floats16 p = 1.0f / 5040 + f * (1.0f / 40320);
+  p = 1.0f / 720 + f * p;
+  p = 1.0f / 120 + f * p;
+  p = 1.0f / 24 + f * p;
+  p = 1.0f / 6 + f * p;
+  p = 0.5f + f * p;
+  p = 1.0f + f * p;
+  p = 1.0f + f * p;
+  const Ints16 scale_bits = (n + 127) << 23;  // 2^n, n >= -126
+  Floats16 two_n;
+  __builtin_memcpy(&two_n, &scale_bits, sizeof(two_n));
+  x = p * two_n;
+}
+
+// One query's one head over its visible keys, blocks of T (float or bf16 storage). Per block:
+// the 16 scores side by side (keys are column-major in a block: one vector FMA a dimension, in
+// four independent chains), their exponentials as one vector, the online softmax's rescale
+// once, then the values four 16-dimension slices at a time, the slices' accumulators held in
+// registers across the block's rows.
 template <typename T>
-void AttendHead(const KvQuery& query, int64_t head, int64_t head_dim, float scale) {
+[[gnu::always_inline]] inline void AttendHeadBody(const KvQuery& query, int64_t head,
+                                                  int64_t head_dim, float scale) {
   const KvSequence& kv = *query.kv;
   const int64_t width = kv.width();
   const float* q = query.q + head * head_dim;
   float* out = query.out + head * head_dim;
-  float acc[512];  // head_dim <= 512 (checked by Layer::Decode)
+  alignas(64) float acc[512];  // head_dim <= 512 (checked by Layer::Decode)
   std::fill(acc, acc + head_dim, 0.0f);
+  const int64_t slices = head_dim / 16 * 16;  // dimensions in whole 16-float slices
   float running_max = -std::numeric_limits<float>::infinity();
   float running_sum = 0.0f;
-  float scores[kKvBlockTokens];
   for (int64_t start = 0; start < query.visible; start += kKvBlockTokens) {
     const int64_t block = start / kKvBlockTokens;
     const int64_t rows = std::min(kKvBlockTokens, query.visible - start);
-    // Keys column-major: the block's scores accumulate side by side, one vector FMA a column.
     const T* keys = static_cast<const T*>(kv.keys(block)) + head * head_dim * kKvBlockTokens;
     const T* values = static_cast<const T*>(kv.values(block)) + head * head_dim;
-    float dots[kKvBlockTokens] = {};
-    for (int64_t d = 0; d < head_dim; ++d) {
-      const float qd = q[d];
-      const T* column = keys + d * kKvBlockTokens;
-#pragma omp simd
-      for (int64_t r = 0; r < kKvBlockTokens; ++r) dots[r] += qd * Widen(column[r]);
+    if (const int64_t ahead = block + kPrefetchBlocks; ahead * kKvBlockTokens < query.visible) {
+      // Blocks are allocations of their own: no hardware prefetcher sees the next one coming.
+      const char* next_keys =
+          static_cast<const char*>(kv.keys(ahead)) + head * head_dim * kKvBlockTokens * sizeof(T);
+      const char* next_values =
+          static_cast<const char*>(kv.values(ahead)) + head * head_dim * sizeof(T);
+      const int64_t key_bytes = head_dim * kKvBlockTokens * static_cast<int64_t>(sizeof(T));
+      for (int64_t at = 0; at < key_bytes; at += 64) __builtin_prefetch(next_keys + at);
+      const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(T));
+      for (int64_t r = 0; r < kKvBlockTokens; ++r) {
+        const char* row = next_values + r * width * static_cast<int64_t>(sizeof(T));
+        for (int64_t at = 0; at < row_bytes; at += 64) __builtin_prefetch(row + at);
+      }
     }
+    Floats16 dots0 = {}, dots1 = {}, dots2 = {}, dots3 = {};
+    int64_t d = 0;
+    for (; d + 4 <= head_dim; d += 4) {
+      Floats16 k0, k1, k2, k3;
+      ATTNSERVE_LOAD16(k0, keys + d * kKvBlockTokens);
+      ATTNSERVE_LOAD16(k1, keys + (d + 1) * kKvBlockTokens);
+      ATTNSERVE_LOAD16(k2, keys + (d + 2) * kKvBlockTokens);
+      ATTNSERVE_LOAD16(k3, keys + (d + 3) * kKvBlockTokens);
+      dots0 += q[d] * k0;
+      dots1 += q[d + 1] * k1;
+      dots2 += q[d + 2] * k2;
+      dots3 += q[d + 3] * k3;
+    }
+    for (; d < head_dim; ++d) {
+      Floats16 k0;
+      ATTNSERVE_LOAD16(k0, keys + d * kKvBlockTokens);
+      dots0 += q[d] * k0;
+    }
+    const Floats16 scores = ((dots0 + dots1) + (dots2 + dots3)) * scale;
     float block_max = running_max;
-    for (int64_t r = 0; r < rows; ++r) {  // rows past the visible ones are never used
-      scores[r] = dots[r] * scale;
-      block_max = std::max(block_max, scores[r]);
-    }
-    // Rescale what was summed under the old maximum once per block, not once per key.
+    for (int64_t r = 0; r < rows; ++r) block_max = std::max(block_max, scores[r]);
+    // Rows past the visible ones are never used.
     const float correction = std::exp(running_max - block_max);
-    running_sum *= correction;
-#pragma omp simd
-    for (int64_t d = 0; d < head_dim; ++d) acc[d] *= correction;
     running_max = block_max;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float p = std::exp(scores[r] - running_max);
-      running_sum += p;
-      const T* v = values + r * width;
-#pragma omp simd
-      for (int64_t d = 0; d < head_dim; ++d) acc[d] += p * Widen(v[d]);
+    alignas(64) float weights[kKvBlockTokens];
+    Floats16 exps = scores - block_max;
+    Exp16(exps);
+    __builtin_memcpy(weights, &exps, sizeof(weights));
+    float block_sum = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) block_sum += weights[r];
+    running_sum = running_sum * correction + block_sum;
+    int64_t c = 0;
+    for (; c + 64 <= slices; c += 64) {
+      Floats16 a0, a1, a2, a3;
+      __builtin_memcpy(&a0, acc + c, sizeof(a0));
+      __builtin_memcpy(&a1, acc + c + 16, sizeof(a1));
+      __builtin_memcpy(&a2, acc + c + 32, sizeof(a2));
+      __builtin_memcpy(&a3, acc + c + 48, sizeof(a3));
+      a0 *= correction;
+      a1 *= correction;
+      a2 *= correction;
+      a3 *= correction;
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* v = values + r * width + c;
+        Floats16 v0, v1, v2, v3;
+        ATTNSERVE_LOAD16(v0, v);
+        ATTNSERVE_LOAD16(v1, v + 16);
+        ATTNSERVE_LOAD16(v2, v + 32);
+        ATTNSERVE_LOAD16(v3, v + 48);
+        a0 += weights[r] * v0;
+        a1 += weights[r] * v1;
+        a2 += weights[r] * v2;
+        a3 += weights[r] * v3;
+      }
+      __builtin_memcpy(acc + c, &a0, sizeof(a0));
+      __builtin_memcpy(acc + c + 16, &a1, sizeof(a1));
+      __builtin_memcpy(acc + c + 32, &a2, sizeof(a2));
+      __builtin_memcpy(acc + c + 48, &a3, sizeof(a3));
+    }
+    for (; c < slices; c += 16) {
+      Floats16 a;
+      __builtin_memcpy(&a, acc + c, sizeof(a));
+      a *= correction;
+      for (int64_t r = 0; r < rows; ++r) {
+        Floats16 v;
+        ATTNSERVE_LOAD16(v, values + r * width + c);
+        a += weights[r] * v;
+      }
+      __builtin_memcpy(acc + c, &a, sizeof(a));
+    }
+    for (; c < head_dim; ++c) {
+      float a = acc[c] * correction;
+      for (int64_t r = 0; r < rows; ++r) a += weights[r] * Widen(values[r * width + c]);
+      acc[c] = a;
     }
   }
   const float inverse = query.visible > 0 ? 1.0f / running_sum : 0.0f;
   for (int64_t d = 0; d < head_dim; ++d) out[d] = acc[d] * inverse;
 }
 
+#undef ATTNSERVE_LOAD16
+
+using AttendFn = void (*)(const KvQuery& query, int64_t head, int64_t head_dim, float scale);
+
+template <typename T>
+void AttendHeadPortable(const KvQuery& query, int64_t head, int64_t head_dim, float scale) {
+  AttendHeadBody<T>(query, head, head_dim, scale);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+template <typename T>
+__attribute__((target("avx2,fma"))) void AttendHeadAvx2(const KvQuery& query, int64_t head,
+                                                        int64_t head_dim, float scale) {
+  AttendHeadBody<T>(query, head, head_dim, scale);
+}
+
+template <typename T>
+__attribute__((target("avx512f,avx2,fma"))) void AttendHeadAvx512(const KvQuery& query,
+                                                                  int64_t head, int64_t head_dim,
+                                                                  float scale) {
+  AttendHeadBody<T>(query, head, head_dim, scale);
+}
+#endif
+
+// The widest flavour this CPU runs, for storage T.
+template <typename T>
+AttendFn ChooseAttend() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (__builtin_cpu_supports("avx512f")) return &AttendHeadAvx512<T>;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &AttendHeadAvx2<T>;
+#endif
+  return &AttendHeadPortable<T>;
+}
+
 }  // namespace
 
 void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,
                  float scale) {
+  static const AttendFn attend_f32 = ChooseAttend<float>();
+  static const AttendFn attend_bf16 = ChooseAttend<uint16_t>();
   const int64_t items = static_cast<int64_t>(queries.size()) * num_heads;
   int64_t reads = 0;  // keys read in all: a team is worth starting only for enough of them
   for (const KvQuery& query : queries) reads += query.visible;
@@ -75,11 +230,8 @@ void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t he
   for (int64_t item = 0; item < items; ++item) {
     const KvQuery& query = queries[item / num_heads];
     const int64_t head = item % num_heads;
-    if (query.kv->precision() == KvPrecision::kBF16) {
-      AttendHead<uint16_t>(query, head, head_dim, scale);
-    } else {
-      AttendHead<float>(query, head, head_dim, scale);
-    }
+    (query.kv->precision() == KvPrecision::kBF16 ? attend_bf16 : attend_f32)(query, head, head_dim,
+                                                                             scale);
   }
 }
 
