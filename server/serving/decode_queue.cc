@@ -8,6 +8,15 @@
 #include "server/observability/metrics.h"
 
 namespace attnserve::server {
+namespace {
+
+// A step with at most this many new tokens a sequence is a generation step, not a prefill.
+constexpr int64_t kShortStepTokens = 16;
+// The cached keys the prompts' chunks may read in a run beside short steps, at least: 16
+// tokens at position 1024.
+constexpr int64_t kMinPrefillReads = 16 * 1024;
+
+}  // namespace
 
 DecodeQueue::DecodeQueue(std::string model_name, int64_t chunk_tokens, ComputeExecutor* executor,
                          ModelMetrics* metrics)
@@ -87,19 +96,43 @@ bool DecodeQueue::Finished(const Pending& step) {
   return true;
 }
 
-void DecodeQueue::AddChunk(Pending& step, int64_t* budget, std::vector<core::DecodeSequence>* run,
+bool DecodeQueue::Short(const Pending& step) {
+  for (size_t b = 0; b < step.args.tokens.size(); ++b) {
+    if (step.args.tokens[b] - step.done_tokens[b] > kShortStepTokens) return false;
+  }
+  return true;
+}
+
+int64_t DecodeQueue::Reads(const Pending& step) {
+  int64_t reads = 0;
+  for (size_t b = 0; b < step.args.tokens.size(); ++b) {
+    const int64_t n = step.args.tokens[b] - step.done_tokens[b];
+    reads += n * (step.session->positions_[b] + n);
+  }
+  return reads;
+}
+
+void DecodeQueue::AddChunk(Pending& step, int64_t* budget, int64_t* reads,
+                           std::vector<core::DecodeSequence>* run,
                            std::vector<size_t>* sequence_of) const {
   Session& session = *step.session;
   const int64_t width = session.layer()->spec().d_model;
   const int64_t out_width = session.layer()->spec().d_output();
   for (size_t b = 0; b < step.args.tokens.size() && *budget > 0; ++b) {
     const int64_t offset = step.done_tokens[b];
-    const int64_t n = std::min(step.args.tokens[b] - offset, *budget);
+    int64_t n = std::min(step.args.tokens[b] - offset, *budget);
     if (n <= 0) continue;
+    const int64_t position = session.positions_[b];
+    if (reads != nullptr) {
+      if (*reads <= 0) return;
+      // n queries at `position` read about n * (position + n) keys; one token at least.
+      while (n > 1 && n * (position + n) > *reads) n /= 2;
+      *reads -= n * (position + n);
+    }
     core::DecodeSequence seq;
     seq.input = step.args.inputs[b] + offset * width;
     seq.tokens = n;
-    seq.position = session.positions_[b];
+    seq.position = position;
     if (session.kind() == core::AttentionKind::kCausal) {
       seq.cache = session.caches_[b].get();
     } else {
@@ -133,6 +166,17 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
   std::vector<core::DecodeSequence> run;
   std::vector<size_t> step_of, sequence_of;  // each run entry's step and sequence
   try {
+    // While short steps share the run, the prompts' chunks together read no more cached keys
+    // than those steps do (and at least kMinPrefillReads, so that prompts move on).
+    int64_t short_reads = 0;
+    bool any_short = false;
+    for (Pending* step : steps) {
+      std::lock_guard session_lock(step->session->mu_);
+      if (!Short(*step)) continue;
+      any_short = true;
+      short_reads += Reads(*step);
+    }
+    int64_t prefill_reads = std::max(short_reads, kMinPrefillReads);
     for (size_t i = 0; i < steps.size() && status.ok(); ++i) {
       Session& session = *steps[i]->session;
       // Each session's state is read and written under its lock: its frontend's next Step
@@ -147,7 +191,8 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
       }
       session.pending_context_.clear();
       int64_t budget = chunk_tokens_;
-      AddChunk(*steps[i], &budget, &run, &sequence_of);
+      const bool bounded = any_short && !Short(*steps[i]);
+      AddChunk(*steps[i], &budget, bounded ? &prefill_reads : nullptr, &run, &sequence_of);
       step_of.resize(run.size(), i);
     }
     if (status.ok()) status = layer->Decode(steps.front()->session->kind(), run);

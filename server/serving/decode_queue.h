@@ -21,7 +21,9 @@ class ModelMetrics;
 // One model's decode steps, of all its sessions, run by the compute executor in turns with the
 // model's Forward calls: each run takes the waiting steps (of one kind) and computes them as one
 // Layer::Decode (continuous batching: every session's new tokens in one matmul), a long step a
-// chunk at a time so that it does not stall the others.
+// chunk at a time so that it does not stall the others: up to `chunk_tokens` a sequence a run,
+// and, while short steps share the run, a chunk that reads no more cached keys than they do
+// together (a run then takes about twice theirs alone, however long the prompt).
 class DecodeQueue final : public RunQueue {
  public:
   // `executor` and `metrics` outlive the queue; it registers with the executor.
@@ -56,11 +58,16 @@ class DecodeQueue final : public RunQueue {
     bool running = false;
     bool answered = false;
   };
-  // One run's share of `step`: the next chunk of each of its sequences.
+  // One run's share of `step`: the next chunk of each of its sequences, within `budget`
+  // tokens and (when not null) `reads` cached keys read, at least one token while it lasts.
   // `sequence_of` gets the sequence of each entry added.
-  void AddChunk(Pending& step, int64_t* budget, std::vector<core::DecodeSequence>* run,
-                std::vector<size_t>* sequence_of) const;
+  void AddChunk(Pending& step, int64_t* budget, int64_t* reads,
+                std::vector<core::DecodeSequence>* run, std::vector<size_t>* sequence_of) const;
   static bool Finished(const Pending& step);
+  // A step of a few tokens a sequence (generation), as against a prompt's prefill.
+  static bool Short(const Pending& step);
+  // Cached keys the rest of `step` reads (its queries times the keys each sees).
+  static int64_t Reads(const Pending& step);
 
   const std::string model_name_;
   const int64_t chunk_tokens_;
