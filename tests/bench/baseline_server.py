@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The serving benchmark's baseline: attnserve.v1 Forward served the way a Python team would
 write it, grpcio's thread-pool server around PyTorch's nn.MultiheadAttention (one compute thread
-per worker, as the issue's measurement setup says), with the demo layer's shapes (d_model 256,
+per worker, as the serving benchmark measures), with the demo layer's shapes (d_model 256,
 4 heads) and masks from the lengths. It answers raw and values encodings, padded inputs only
 (what the benchmark sends), and serves grpc.health.v1 for the readiness wait.
 

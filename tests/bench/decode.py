@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The decode-session benchmark (issue 23): one run, printing ratios. Run by hand, not by ctest:
+"""The decode-session benchmark: one run, printing ratios. Run by hand, not by ctest:
 
   /usr/bin/python3 tests/bench/decode.py [--build build] [--quick] [--skip-4096] [--peer-only]
 

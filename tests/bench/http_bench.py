@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The REST port's benchmark (issue 25's targets), one server, one run, ratios:
+"""The REST port's benchmark against its targets, one server, one run, ratios:
 
   JSON 1x16 infer      server CPU per call / gRPC Forward 1x16's       target <= 2
   binary 1x128 infer   server CPU per call / gRPC Forward 1x128's      target <= 1.2

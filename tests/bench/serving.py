@@ -2,14 +2,14 @@
 """The serving benchmark: attnserve against gRPC's own floor and a Python grpcio + PyTorch
 baseline (baseline_server.py), all driven by the same client on this machine, one after the
 other, medians over repetitions. Prints a table of calls/s and server CPU per call, and the
-ratios the serving-path issue asks for. Run by hand (not by ctest):
+ratios the serving targets ask for. Run by hand (not by ctest):
 
   tests/bench/serving.py [--build build] [--reps 3] [--seconds 3] [--no-baseline]
                          [--client cpp|python] [--server-args "--metrics-listen ..."]
 
 The client is serving_load (C++, gRPC's generic stub: the cheapest gRPC client there is, so
 the floor is gRPC's server alone) or, with --client python, serving_load.py (grpcio, the
-client the serving-path issue measured with; its floor includes what a slower client costs
+client the first serving measurements used; its floor includes what a slower client costs
 the server per call).
 
 Needs the build (attnserve, serving_load, build/python stubs for the baseline) and, for the
@@ -143,7 +143,7 @@ def main():
     p.add_argument("--server-args", default="", help="extra attnserve flags for every run")
     p.add_argument("--client", choices=["cpp", "python"], default="cpp",
                    help="the load's client: serving_load (C++) or serving_load.py (grpcio, "
-                        "the client the serving-path issue measured with)")
+                        "the client the first serving measurements used)")
     args = p.parse_args()
     binary = os.path.join(args.build, "server", "attnserve")
     extra = shlex.split(args.server_args)

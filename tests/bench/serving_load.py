@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """serving_load.py: serving_load's closed loop from a Python grpcio client (the client the
-serving-path issue measured with), printing the same JSON line. Each caller is a thread making
+first serving measurements used), printing the same JSON line. Each caller is a thread making
 blocking calls with the request serialized once, as raw bytes through a generic method.
 
   serving_load.py --target 127.0.0.1:50051 --pid PID --method forward|infer|health --batch 1
