@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 // One body, compiled three times: for AVX-512, for AVX2 + FMA (per-function target attributes,
 // no global flags) and portable; the widest the CPU has is chosen once at run time, as the
@@ -44,14 +46,16 @@ inline float Widen(uint16_t x) {
   return f;
 }
 
-// x = e^x, elementwise, for x <= 0 (scores less their maximum), within about 1 ulp of std::exp;
-// below -87 it gives e^-87 rather than 0 (a weight of 1.6e-38 against the maximum's 1).
+// x = e^x, elementwise, for -87 <= x <= 0 (scores less their maximum; below -87 it gives e^-87
+// rather than 0, a weight of 1.6e-38 against the maximum's 1), within a few ulp of std::exp.
 [[gnu::always_inline]] inline void Exp16(Floats16& x) {
   typedef int32_t Ints16 __attribute__((vector_size(64)));
   x = x < -87.0f ? Floats16{} - 87.0f : x;
-  const Floats16 t = x * 1.44269504088896341f;  // e^x = 2^t = 2^n * 2^f, n = round(t)
-  const Ints16 n = __builtin_convertvector(t - 0.5f, Ints16);  // t - 0.5 < 0: truncation rounds
-  const Floats16 f = (t - __builtin_convertvector(n, Floats16)) * 0.693147180559945309f;
+  // e^x = 2^n * e^f with n = round(x / ln 2); f = x - n ln 2 in two parts (Cody and Waite), so
+  // that the reduction adds no rounding error of its own. x - 0.5 ln 2 < 0: truncation rounds.
+  const Ints16 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, Ints16);
+  const Floats16 nf = __builtin_convertvector(n, Floats16);
+  const Floats16 f = (x - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
   // e^f for |f| <= ln(2) / 2, Taylor to f^7 (error below 2e-8 relative).
   Floats16 p = 1.0f / 5040 + f * (1.0f / 40320);
   p = 1.0f / 720 + f * p;
@@ -121,10 +125,12 @@ template <typename T>
       ATTNSERVE_LOAD16(k0, keys + d * kKvBlockTokens);
       dots0 += q[d] * k0;
     }
-    const Floats16 scores = ((dots0 + dots1) + (dots2 + dots3)) * scale;
+    Floats16 scores = ((dots0 + dots1) + (dots2 + dots3)) * scale;
     float block_max = running_max;
     for (int64_t r = 0; r < rows; ++r) block_max = std::max(block_max, scores[r]);
-    // Rows past the visible ones are never used.
+    // Rows past the visible ones hold whatever the block holds there: never used, but kept
+    // finite for the exponential.
+    for (int64_t r = rows; r < kKvBlockTokens; ++r) scores[r] = block_max;
     const float correction = std::exp(running_max - block_max);
     running_max = block_max;
     alignas(64) float weights[kKvBlockTokens];
@@ -207,22 +213,42 @@ __attribute__((target("avx512f,avx2,fma"))) void AttendHeadAvx512(const KvQuery&
 }
 #endif
 
-// The widest flavour this CPU runs, for storage T.
-template <typename T>
-AttendFn ChooseAttend() {
+// One flavour: its name and its kernel for each storage.
+struct Flavour {
+  const char* name;
+  AttendFn f32;
+  AttendFn bf16;
+};
+
+// The flavours this CPU runs, widest first.
+std::vector<Flavour> Flavours() {
+  std::vector<Flavour> flavours;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (__builtin_cpu_supports("avx512f")) return &AttendHeadAvx512<T>;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &AttendHeadAvx2<T>;
+  if (__builtin_cpu_supports("avx512f")) {
+    flavours.push_back({"avx512", &AttendHeadAvx512<float>, &AttendHeadAvx512<uint16_t>});
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    flavours.push_back({"avx2", &AttendHeadAvx2<float>, &AttendHeadAvx2<uint16_t>});
+  }
 #endif
-  return &AttendHeadPortable<T>;
+  flavours.push_back({"portable", &AttendHeadPortable<float>, &AttendHeadPortable<uint16_t>});
+  return flavours;
 }
 
-}  // namespace
+// The widest, unless ATTNSERVE_ATTENTION_KERNEL=portable asks for the portable one (as for the
+// attention tiles: to compare on one machine).
+const Flavour& Selected() {
+  static const Flavour selected = [] {
+    const char* forced = std::getenv("ATTNSERVE_ATTENTION_KERNEL");
+    const std::vector<Flavour> flavours = Flavours();
+    return forced != nullptr && std::strcmp(forced, "portable") == 0 ? flavours.back()
+                                                                     : flavours.front();
+  }();
+  return selected;
+}
 
-void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,
-                 float scale) {
-  static const AttendFn attend_f32 = ChooseAttend<float>();
-  static const AttendFn attend_bf16 = ChooseAttend<uint16_t>();
+void Attend(const Flavour& flavour, std::span<const KvQuery> queries, int64_t num_heads,
+            int64_t head_dim, float scale) {
   const int64_t items = static_cast<int64_t>(queries.size()) * num_heads;
   int64_t reads = 0;  // keys read in all: a team is worth starting only for enough of them
   for (const KvQuery& query : queries) reads += query.visible;
@@ -230,8 +256,28 @@ void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t he
   for (int64_t item = 0; item < items; ++item) {
     const KvQuery& query = queries[item / num_heads];
     const int64_t head = item % num_heads;
-    (query.kv->precision() == KvPrecision::kBF16 ? attend_bf16 : attend_f32)(query, head, head_dim,
-                                                                             scale);
+    (query.kv->precision() == KvPrecision::kBF16 ? flavour.bf16 : flavour.f32)(query, head,
+                                                                               head_dim, scale);
+  }
+}
+
+}  // namespace
+
+void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,
+                 float scale) {
+  Attend(Selected(), queries, num_heads, head_dim, scale);
+}
+
+std::vector<std::string> KvAttentionFlavours() {
+  std::vector<std::string> names;
+  for (const Flavour& flavour : Flavours()) names.emplace_back(flavour.name);
+  return names;
+}
+
+void KvAttentionWith(std::string_view flavour, std::span<const KvQuery> queries, int64_t num_heads,
+                     int64_t head_dim, float scale) {
+  for (const Flavour& f : Flavours()) {
+    if (flavour == f.name) return Attend(f, queries, num_heads, head_dim, scale);
   }
 }
 

@@ -7,6 +7,9 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "core/kv_cache.h"
 
@@ -23,7 +26,15 @@ struct KvQuery {
 
 // out = softmax(q K^T * scale) V per head, for every query, in parallel (OpenMP) over queries
 // and heads.
+// Runs on the widest kernel this CPU has (AVX-512, AVX2 with FMA, portable), or the portable one
+// under ATTNSERVE_ATTENTION_KERNEL=portable.
 void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,
                  float scale);
+
+// The kernel flavours this CPU runs, widest first ("avx512", "avx2", "portable"), and
+// KvAttention on one of them (nothing for a name not listed): for tests and comparisons.
+std::vector<std::string> KvAttentionFlavours();
+void KvAttentionWith(std::string_view flavour, std::span<const KvQuery> queries, int64_t num_heads,
+                     int64_t head_dim, float scale);
 
 }  // namespace attnserve::core

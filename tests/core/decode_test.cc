@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "core/kv_attention.h"
 #include "core/kv_cache.h"
 #include "core/layer.h"
 #include "gtest/gtest.h"
@@ -199,6 +201,79 @@ TEST(KvCacheTest, ABudgetThatCannotTakeAStepRefusesItAndChangesNothing) {
   EXPECT_EQ(a.bytes(), a.block_bytes());
   EXPECT_TRUE(b.Reserve(1).ok());
   EXPECT_EQ(bytes.load(), budget.used());
+}
+
+// Every KV attention kernel this CPU runs (AVX-512, AVX2, portable), f32 and bf16 caches, head
+// widths that are and are not multiples of 16 and 64, lengths that end inside a block: each
+// output equals softmax(q K^T / sqrt(d)) V computed in double from the same cached values
+// (bf16: the values as rounded into the cache), within f32 rounding.
+TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
+  const std::vector<std::string> flavours = KvAttentionFlavours();
+  ASSERT_FALSE(flavours.empty());
+  EXPECT_EQ(flavours.back(), "portable");
+  for (const std::string& flavour : flavours) {
+    for (const int64_t head_dim : {8, 24, 64, 80, 128}) {
+      for (const KvPrecision precision : {KvPrecision::kF32, KvPrecision::kBF16}) {
+        constexpr int64_t kHeads = 3;
+        const int64_t width = kHeads * head_dim;
+        KvCacheBudget budget(int64_t{1} << 30);
+        KvSequence cache(width, precision, &budget);
+        constexpr int64_t kLength = 3 * kKvBlockTokens + 5;
+        ASSERT_TRUE(cache.Reserve(kLength).ok());
+        auto value_at = [](int64_t i, int64_t seed) {
+          return static_cast<float>(std::sin(0.731 * static_cast<double>(i) + seed));
+        };
+        std::vector<float> keys(kLength * width), values(kLength * width);
+        for (int64_t i = 0; i < kLength * width; ++i) {
+          keys[i] = 2.0f * value_at(i, 1);
+          values[i] = value_at(i, 2);
+        }
+        // What the cache holds: bf16 rounds to nearest even.
+        auto stored = [&](float x) {
+          if (precision == KvPrecision::kF32) return static_cast<double>(x);
+          uint32_t bits;
+          std::memcpy(&bits, &x, 4);
+          bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+          float y;
+          std::memcpy(&y, &bits, 4);
+          return static_cast<double>(y);
+        };
+        for (int64_t t = 0; t < kLength; ++t) {
+          cache.Write(t, keys.data() + t * width, values.data() + t * width);
+        }
+        std::vector<float> q(width), out(width, -1.0f);
+        for (int64_t c = 0; c < width; ++c) q[c] = value_at(c, 3);
+        for (const int64_t visible : {int64_t{1}, kKvBlockTokens, kLength}) {
+          const KvQuery query{q.data(), out.data(), &cache, visible};
+          const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+          KvAttentionWith(flavour, {&query, 1}, kHeads, head_dim, static_cast<float>(scale));
+          for (int64_t h = 0; h < kHeads; ++h) {
+            std::vector<double> weights(visible);
+            double top = -1e300, sum = 0;
+            for (int64_t t = 0; t < visible; ++t) {
+              double dot = 0;
+              for (int64_t d = 0; d < head_dim; ++d) {
+                dot += q[h * head_dim + d] * stored(keys[t * width + h * head_dim + d]);
+              }
+              weights[t] = dot * scale;
+              top = std::max(top, weights[t]);
+            }
+            for (double& w : weights) sum += (w = std::exp(w - top));
+            for (int64_t d = 0; d < head_dim; ++d) {
+              double want = 0;
+              for (int64_t t = 0; t < visible; ++t) {
+                want += weights[t] / sum * stored(values[t * width + h * head_dim + d]);
+              }
+              ASSERT_NEAR(out[h * head_dim + d], want, 2e-6)
+                  << flavour << " head_dim " << head_dim << " bf16 "
+                  << (precision == KvPrecision::kBF16) << " visible " << visible << " head " << h
+                  << " dim " << d;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
