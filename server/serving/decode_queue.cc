@@ -12,8 +12,8 @@ namespace {
 
 // A step with at most this many new tokens a sequence is a generation step, not a prefill.
 constexpr int64_t kShortStepTokens = 16;
-// The cached keys the prompts' chunks may read in a run beside short steps, at least: 16
-// tokens at position 1024.
+// The cached keys the prompts' chunks may read in a run beside short steps, at least (about 16
+// tokens at position 1000), so that prompts move on beside a few short steps.
 constexpr int64_t kMinPrefillReads = 16 * 1024;
 
 }  // namespace
@@ -103,11 +103,18 @@ bool DecodeQueue::Short(const Pending& step) {
   return true;
 }
 
+int64_t DecodeQueue::Reads(const Session& session, size_t b, int64_t n) {
+  // Each query sees the keys up to its own position: its sequence's, or (causal cross) the
+  // context's, however long the sequence.
+  const int64_t seen = session.positions_[b] + n;
+  if (session.kind() == core::AttentionKind::kCausal) return n * seen;
+  return n * std::min(seen, session.contexts_[b]->length());
+}
+
 int64_t DecodeQueue::Reads(const Pending& step) {
   int64_t reads = 0;
   for (size_t b = 0; b < step.args.tokens.size(); ++b) {
-    const int64_t n = step.args.tokens[b] - step.done_tokens[b];
-    reads += n * (step.session->positions_[b] + n);
+    reads += Reads(*step.session, b, step.args.tokens[b] - step.done_tokens[b]);
   }
   return reads;
 }
@@ -125,9 +132,8 @@ void DecodeQueue::AddChunk(Pending& step, int64_t* budget, int64_t* reads,
     const int64_t position = session.positions_[b];
     if (reads != nullptr) {
       if (*reads <= 0) return;
-      // n queries at `position` read about n * (position + n) keys; one token at least.
-      while (n > 1 && n * (position + n) > *reads) n /= 2;
-      *reads -= n * (position + n);
+      while (n > 1 && Reads(session, b, n) > *reads) n /= 2;  // one token at least
+      *reads -= Reads(session, b, n);
     }
     core::DecodeSequence seq;
     seq.input = step.args.inputs[b] + offset * width;

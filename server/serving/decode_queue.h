@@ -23,7 +23,8 @@ class ModelMetrics;
 // Layer::Decode (continuous batching: every session's new tokens in one matmul), a long step a
 // chunk at a time so that it does not stall the others: up to `chunk_tokens` a sequence a run,
 // and, while short steps share the run, a chunk that reads no more cached keys than they do
-// together (a run then takes about twice theirs alone, however long the prompt).
+// together, or a floor's worth (so a run then takes about twice theirs alone when they are
+// many, however long the prompt).
 class DecodeQueue final : public RunQueue {
  public:
   // `executor` and `metrics` outlive the queue; it registers with the executor.
@@ -66,8 +67,10 @@ class DecodeQueue final : public RunQueue {
   static bool Finished(const Pending& step);
   // A step of a few tokens a sequence (generation), as against a prompt's prefill.
   static bool Short(const Pending& step);
-  // Cached keys the rest of `step` reads (its queries times the keys each sees).
+  // Cached keys the rest of `step` reads (its queries times the keys each sees), and those
+  // that `n` queries of sequence `b` of `session` from its position read (about).
   static int64_t Reads(const Pending& step);
+  static int64_t Reads(const Session& session, size_t b, int64_t n);
 
   const std::string model_name_;
   const int64_t chunk_tokens_;

@@ -493,6 +493,16 @@ TEST_F(HttpTest, SequenceStepsAreASessionsSteps) {
   const HttpReply refused = Infer(bad, headers);
   EXPECT_EQ(refused.status, 400) << refused.body;
   EXPECT_NE(refused.body.find("sequence_id"), std::string::npos) << refused.body;
+  // A name written with escapes is refused, not served as a one-shot call.
+  std::string escaped = SequenceStepBody(values, 0, 1, 7, true, false).first;
+  escaped.replace(escaped.find("sequence_id"), 11, "sequence\\u005fid");
+  EXPECT_EQ(Infer(escaped, headers).status, 400) << escaped.substr(0, 120);
+  // A refused first step starts nothing: the id stays unknown.
+  Json narrow = Json::parse(SequenceStepBody(values, 0, 1, 8, true, false).first);
+  narrow["inputs"][0]["shape"] = {1, 1, 8};
+  narrow["inputs"][0]["data"] = std::vector<float>(8, 0.5f);
+  EXPECT_EQ(Infer(narrow.dump(), headers).status, 400);
+  EXPECT_EQ(Infer(SequenceStepBody(values, 0, 1, 8, false, false).first, headers).status, 404);
   EXPECT_EQ(Infer(SmallCall(), headers).status, 200);
 }
 

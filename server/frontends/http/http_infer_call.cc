@@ -42,7 +42,8 @@ absl::StatusOr<absl::string_view> HttpInferCall::RequestedModel() {
   return absl::string_view(model_);
 }
 
-absl::Status HttpInferCall::Decode() {
+absl::Status HttpInferCall::DecodeBody() {
+  if (!read_.ok()) return read_;
   if (!decode_status_.has_value()) {
     const std::string& bytes = body_.body.bytes;
     decode_status_ = DecodeHttpInfer(bytes, bytes.capacity(), body_.json_length, &decoded_);
@@ -50,12 +51,24 @@ absl::Status HttpInferCall::Decode() {
   return *decode_status_;
 }
 
+absl::Status HttpInferCall::Decode() {
+  if (absl::Status s = DecodeBody(); !s.ok()) return s;
+  if (decoded_.sequence.has_value()) {
+    // A sequence step is told by its raw text (IsSequenceStep): a name written with escapes
+    // would be served as a one-shot call, its sequence dropped.
+    return absl::InvalidArgumentError(
+        "write the sequence parameters' names without escapes (sequence_id, sequence_start, "
+        "sequence_end)");
+  }
+  return absl::OkStatus();
+}
+
 bool HttpInferCall::IsSequenceStep() {
   const absl::string_view bytes = body_.body.bytes;
   const absl::string_view json =
       body_.json_length >= 0 ? bytes.substr(0, body_.json_length) : bytes;
-  if (json.find(kSequenceIdParameter) == absl::string_view::npos) return false;
-  return Decode().ok() && decoded_.sequence.has_value();
+  if (!read_.ok() || json.find(kSequenceIdParameter) == absl::string_view::npos) return false;
+  return DecodeBody().ok() && decoded_.sequence.has_value();
 }
 
 int64_t HttpInferCall::ReplyBytes(const core::ForwardShapes& shapes) const {

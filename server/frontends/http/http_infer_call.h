@@ -28,20 +28,23 @@ struct HttpInferBody {
 // parser: InvalidArgument for a bad Inference-Header-Content-Length, else the read's status.
 absl::StatusOr<HttpInferBody> ReadInferBody(HttpExchange& exchange, const HttpBodyLimits& limits);
 
-// One REST inference call as admission sees it. The model comes from the path, the body is
-// read; it is parsed only in Decode, so a call refused before it (shutting down, no such model,
-// full queue, deadline) costs no parse. The connection's thread waits (Wait) for Finish, then
-// writes the reply itself: the compute thread only signals.
+// One REST inference call as admission sees it. The model comes from the path, the body has
+// been read (or failed to be: Decode then refuses the call with that error, so that admission
+// counts it); it is parsed only in Decode, so a call refused before it (shutting down, no such
+// model, full queue, deadline) costs no parse. The connection's thread waits (Wait) for Finish,
+// then writes the reply itself: the compute thread only signals.
 class HttpInferCall final : public Job {
  public:
-  HttpInferCall(std::string model, std::string version, HttpInferBody body,
+  HttpInferCall(std::string model, std::string version, absl::StatusOr<HttpInferBody> body,
                 Clock::time_point arrival, Clock::time_point deadline)
       : Job(arrival, deadline),
         model_(std::move(model)),
         version_(std::move(version)),
-        body_(std::move(body)) {}
+        read_(body.status()),
+        body_(body.ok() ? *std::move(body) : HttpInferBody{}) {}
 
   absl::StatusOr<absl::string_view> RequestedModel() override;
+  // Decodes the body as a one-shot call.
   absl::Status Decode() override;
   const core::ForwardArgs& args() const override { return decoded_.args; }
   int64_t ReplyBytes(const core::ForwardShapes& shapes) const override;
@@ -67,9 +70,13 @@ class HttpInferCall final : public Job {
   DecodedHttpInfer& decoded() { return decoded_; }
 
  private:
+  // Parses the body once (the read's error, if it failed); later calls return the same status.
+  absl::Status DecodeBody();
+
   const std::string model_, version_;
   uint64_t version_number_ = 0;  // version_ read by RequestedModel; 0: the newest ready one
   int64_t computed_by_ = 0;      // the version whose weights computed the reply
+  const absl::Status read_;      // reading the body
   HttpInferBody body_;
   std::optional<absl::Status> decode_status_;  // set once the body is decoded
   DecodedHttpInfer decoded_;

@@ -128,12 +128,15 @@ void Infer(Admission& admission, SequenceTable& sequences, const HttpBodyLimits&
                                             " (--max-message-mib)")),
                       /*close=*/true);
   }
-  // The body is read before admission (REST carries sequence parameters in it), and parsed
-  // after admission's refusals unless it names a sequence.
-  absl::StatusOr<HttpInferBody> body = ReadInferBody(exchange, limits);
-  if (!body.ok()) return ReplyError(exchange, body.status(), /*close=*/true);
+  // The body is read before admission (REST carries sequence parameters in it), unless the
+  // server is shutting down, and parsed after admission's refusals unless it names a sequence.
+  // A body that cannot be read is refused by admission too, so that every call is counted.
+  absl::StatusOr<HttpInferBody> body = admission.accepting()
+                                           ? ReadInferBody(exchange, limits)
+                                           : absl::UnavailableError("the server is shutting down");
+  const bool body_read = body.ok();
   const std::string& model = exchange.params.at("model");
-  HttpInferCall call(model, Version(exchange), *std::move(body), arrival, *deadline);
+  HttpInferCall call(model, Version(exchange), std::move(body), arrival, *deadline);
   if (call.IsSequenceStep()) {
     const absl::Status status = RunSequenceStep(admission, sequences, exchange, call);
     if (!status.ok()) return ReplyError(exchange, status);
@@ -141,7 +144,7 @@ void Infer(Admission& admission, SequenceTable& sequences, const HttpBodyLimits&
   }
   admission.Admit(&call);
   const absl::Status status = call.Wait();
-  if (!status.ok()) return ReplyError(exchange, status);
+  if (!status.ok()) return ReplyError(exchange, status, /*close=*/!body_read);
   Reply(exchange, model, call.computed_by(), call.decoded());
 }
 

@@ -36,7 +36,7 @@ bool MayBeSequence(const grpc::ByteBuffer& request) {
   std::vector<grpc::Slice> slices;
   if (!request.Dump(&slices).ok() || slices.empty()) return false;
   const absl::string_view first(reinterpret_cast<const char*>(slices[0].begin()), slices[0].size());
-  return first.substr(0, 4096).find("sequence_id") != absl::string_view::npos;
+  return first.substr(0, 4096).find(kSequenceIdParameter) != absl::string_view::npos;
 }
 
 // A repository call answered later (on the registry's thread) through `reactor`.

@@ -5,8 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "server/frontends/grpc_status.h"
-#include "server/frontends/tensor_codec.h"
-#include "server/observability/logging.h"
 
 namespace attnserve::server {
 namespace {

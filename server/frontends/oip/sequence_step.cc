@@ -6,7 +6,8 @@
 
 namespace attnserve::server {
 
-absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const SequenceRequest& request) {
+absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const SequenceRequest& request,
+                                                                  bool* opened) {
   core::ForwardArgs& args = *request.args;
   if (!request.params.start) {
     if (args.context) {
@@ -19,22 +20,24 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const Sequence
   }
   absl::StatusOr<uint64_t> version = ParseModelVersion(request.version);
   if (!version.ok()) return version.status();
-  absl::StatusOr<std::unique_ptr<Session>> opened =
+  absl::StatusOr<std::unique_ptr<Session>> session_opened =
       admission_->OpenSession(request.model, *version, args.kind, args.input.batch(),
                               args.context ? &*args.context : nullptr);
-  if (!opened.ok()) return opened.status();
+  if (!session_opened.ok()) return session_opened.status();
   if (args.context) {
-    absl::Status valid = (*opened)->layer()->ValidateBatch(*args.context, true, "context");
+    absl::Status valid = (*session_opened)->layer()->ValidateBatch(*args.context, true, "context");
     if (!valid.ok()) return valid;
   }
-  std::shared_ptr<Session> session = *std::move(opened);
-  table_->Start(request.params.id, session);
-  return session;
+  *opened = true;
+  return std::shared_ptr<Session>(*std::move(session_opened));
 }
 
 void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::Status)> done) {
   if (!admission_->accepting()) return done(absl::UnavailableError("the server is shutting down"));
-  absl::StatusOr<std::shared_ptr<Session>> session = SessionFor(request);
+  // A refused step changes nothing: a sequence it would start is registered only once its step
+  // is taken.
+  bool opened = false;
+  absl::StatusOr<std::shared_ptr<Session>> session = SessionFor(request, &opened);
   if (!session.ok()) return done(session.status());
   session_ = *std::move(session);
   const core::Layer& layer = *session_->layer();
@@ -49,6 +52,7 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   const bool end = request.params.end;
   const std::string id = request.params.id;
   SequenceTable* table = table_;
+  if (opened) table_->Start(id, session_);
   absl::Status refused =
       session_->Step(std::move(args), [this, end, id, table, done](absl::Status status) {
         // The sequence ends once its last step is answered; its cache goes with it.
@@ -56,7 +60,10 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
         if (end) table->End(id);
         done(status);
       });
-  if (!refused.ok()) done(refused);
+  if (!refused.ok()) {
+    if (opened) table_->End(id);
+    done(refused);
+  }
 }
 
 }  // namespace attnserve::server

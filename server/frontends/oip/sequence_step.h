@@ -53,7 +53,9 @@ class SequenceStep {
   void Run(const SequenceRequest& request, std::function<void(absl::Status)> done);
 
  private:
-  absl::StatusOr<std::shared_ptr<Session>> SessionFor(const SequenceRequest& request);
+  // The session the step goes to: its sequence's, or (sequence_start) a new one, not yet
+  // registered, and then `opened` is set.
+  absl::StatusOr<std::shared_ptr<Session>> SessionFor(const SequenceRequest& request, bool* opened);
 
   Admission* const admission_;
   SequenceTable* const table_;

@@ -191,11 +191,16 @@ void DecodeCall::End(const grpc::Status& status) {
       return;
     }
     finished_ = true;
+    session_.reset();  // the cache is freed now, not when gRPC lets go of the call
   }
-  session_.reset();  // the cache is freed now, not when gRPC lets go of the call
   Finish(status);
 }
 
-void DecodeCall::OnDone() { delete this; }
+void DecodeCall::OnDone() {
+  // Finish (perhaps on the compute thread) comes before OnDone inside gRPC, out of a thread
+  // sanitizer's sight; the lock makes that order visible to it too.
+  { std::lock_guard lock(mu_); }
+  delete this;
+}
 
 }  // namespace attnserve::server
