@@ -20,8 +20,6 @@ namespace {
 // Hard ceiling on a window, so a typo in --duration cannot load a server for days.
 constexpr double kMaxDurationSeconds = 3600;
 constexpr int kMaxConnections = 256;
-// bench --http's default connections (one a call in flight) stop here: a thread each.
-constexpr int kMaxHttpConnections = 1024;
 
 // The load of each step: one, or a sweep's values.
 struct Plan {
@@ -220,7 +218,7 @@ absl::Status ConnectGrpc(const ConnectionFlags& connection, const LoadFlags& fla
 // one call at a time), the model's widths from its REST metadata.
 absl::Status ConnectHttp(const ConnectionFlags& connection, const LoadFlags& flags,
                          const Plan& plan, Senders* senders) {
-  if (!connection.tls_ca.empty() || !connection.tls_cert.empty()) {
+  if (!connection.tls_ca.empty() || !connection.tls_cert.empty() || !connection.tls_key.empty()) {
     return absl::InvalidArgumentError(
         "bench --http speaks plain HTTP: no --tls-ca, --tls-cert or --tls-key with it");
   }
@@ -245,14 +243,12 @@ absl::Status ConnectHttp(const ConnectionFlags& connection, const LoadFlags& fla
           std::max(connections, step.mode == LoadMode::kClosed ? step.concurrency
                                                                : std::min(step.max_in_flight, 64));
     }
-    connections = std::min(connections, kMaxHttpConnections);
+    connections = std::min(connections, kMaxConnections);
   }
   const RestEncoding encoding =
       flags.http_encoding == "binary" ? RestEncoding::kBinary : RestEncoding::kJson;
-  for (int i = 0; i < connections; ++i) {
-    senders->senders.push_back(
-        std::make_unique<HttpLoadSender>(*url, model->name(), encoding, token, timeout));
-  }
+  senders->senders.push_back(
+      std::make_unique<HttpLoadSender>(*url, model->name(), encoding, token, timeout, connections));
   return absl::OkStatus();
 }
 

@@ -85,15 +85,19 @@ absl::StatusOr<std::string> Unchunk(absl::string_view body, size_t* consumed) {
     if (eol == absl::string_view::npos) return absl::OutOfRangeError("more");
     uint64_t size = 0;
     std::string hex(absl::StripAsciiWhitespace(body.substr(0, body.find_first_of(";\r"))));
-    if (!absl::SimpleHexAtoi(hex, &size)) return absl::DataLossError("bad chunk size");
+    if (!absl::SimpleHexAtoi(hex, &size) || size > kMaxAnswer) {
+      return absl::DataLossError("bad chunk size");
+    }
     body.remove_prefix(eol + 2);
     if (size == 0) {
       if (body.size() < 2) return absl::OutOfRangeError("more");
-      body.remove_prefix(2);  // the empty trailer
+      if (!absl::StartsWith(body, "\r\n")) return absl::DataLossError("trailers are not read");
+      body.remove_prefix(2);
       *consumed = size_before - body.size();
       return out;
     }
     if (body.size() < size + 2) return absl::OutOfRangeError("more");
+    if (body.substr(size, 2) != "\r\n") return absl::DataLossError("a chunk without its CRLF");
     out.append(body.data(), size);
     body.remove_prefix(size + 2);
   }

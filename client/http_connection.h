@@ -38,8 +38,10 @@ struct HttpResponse {
 absl::Status StatusOfHttp(const HttpResponse& response);
 
 // One HTTP/1.1 connection, kept alive between exchanges and made again when the server closed
-// it (an idle keep-alive connection the server let go is redialled, and the request sent once
-// more, as browsers do). Not thread safe: one exchange at a time.
+// it: an idle keep-alive connection the server let go is redialled and the request sent once
+// more, when nothing of an answer came (the request may have reached the server: fit for the
+// reads and the one-shot infer calls the client sends, not for calls that must not repeat).
+// Not thread safe: one exchange at a time.
 class HttpConnection {
  public:
   explicit HttpConnection(HttpUrl url) : url_(std::move(url)) {}
@@ -49,7 +51,8 @@ class HttpConnection {
 
   // Sends `method path` with `headers` (each "Name: value\r\n") and `body`, and reads the
   // answer, both within `timeout`. UNAVAILABLE when the server cannot be reached or closed the
-  // connection mid-answer, DEADLINE_EXCEEDED past the timeout, DATA_LOSS for what is not HTTP.
+  // connection mid-answer, DEADLINE_EXCEEDED past the timeout, DATA_LOSS for what is not HTTP,
+  // RESOURCE_EXHAUSTED for an answer over 1 GiB.
   absl::StatusOr<HttpResponse> Exchange(absl::string_view method, absl::string_view path,
                                         absl::string_view headers, absl::string_view body,
                                         absl::Duration timeout);

@@ -255,7 +255,9 @@ void StepRun::DescribeLoad() {
   report_.concurrency = options_.mode == LoadMode::kClosed ? options_.concurrency : 0;
   report_.offered_rate = options_.mode == LoadMode::kOpen ? options_.rate : 0;
   report_.max_in_flight = options_.mode == LoadMode::kOpen ? options_.max_in_flight : 0;
-  report_.connections = static_cast<int>(connections_.size());
+  report_.connections = 0;
+  for (const LoadSender* connection : connections_)
+    report_.connections += connection->connections();
   const double window_seconds = absl::ToDoubleSeconds(options_.duration);
   report_.slice_seconds = window_seconds > 0 ? std::max(0.1, window_seconds / 60) : 1.0;
 }

@@ -33,6 +33,8 @@ class LoadSender {
   virtual void SendAsync(const WorkItem& item, std::function<void(absl::Status)> done) const = 0;
   // Sends `item`'s call and waits for its answer.
   virtual absl::Status Send(const WorkItem& item) const = 0;
+  // The connections it sends over (the report's `connections`).
+  virtual int connections() const { return 1; }
 };
 
 // attnserve.v1 Forward calls over one gRPC channel (any number in flight).

@@ -1,5 +1,6 @@
 #include "client/load_http.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <span>
@@ -126,7 +127,8 @@ absl::StatusOr<v1::ModelInfo> FindModelOverRest(const HttpUrl& url, const std::s
   const std::string headers = AuthorizationHeader(token);
   std::string wanted = name;
   if (wanted.empty()) {
-    // The only model: the repository index lists every model the server knows.
+    // The only model served: the repository index lists every model the server knows, with
+    // its state.
     absl::StatusOr<HttpResponse> index =
         connection.Exchange("POST", "/v2/repository/index", headers, "{}", timeout);
     if (!index.ok()) return index.status();
@@ -135,8 +137,10 @@ absl::StatusOr<v1::ModelInfo> FindModelOverRest(const HttpUrl& url, const std::s
     std::vector<std::string> names;
     for (const auto& model : models.is_array() ? models : nlohmann::json::array()) {
       const std::string model_name = model.value("name", "");
-      if (!model_name.empty() && std::find(names.begin(), names.end(), model_name) == names.end())
+      if (model_name.empty() || model.value("state", "") != "READY") continue;
+      if (std::find(names.begin(), names.end(), model_name) == names.end()) {
         names.push_back(model_name);
+      }
     }
     if (names.size() != 1) {
       return absl::InvalidArgumentError(
@@ -169,13 +173,15 @@ absl::StatusOr<v1::ModelInfo> FindModelOverRest(const HttpUrl& url, const std::s
 }
 
 HttpLoadSender::HttpLoadSender(HttpUrl url, std::string model, RestEncoding encoding,
-                               std::string token, absl::Duration timeout)
-    : model_(std::move(model)),
+                               std::string token, absl::Duration timeout, int connections)
+    : url_(std::move(url)),
+      model_(std::move(model)),
       encoding_(encoding),
       token_(std::move(token)),
       timeout_(timeout),
-      connection_(std::move(url)),
-      thread_([this] { Serve(); }) {}
+      check_connection_(url_) {
+  for (int i = 0; i < connections; ++i) threads_.emplace_back([this] { Serve(); });
+}
 
 HttpLoadSender::~HttpLoadSender() {
   {
@@ -183,7 +189,7 @@ HttpLoadSender::~HttpLoadSender() {
     stopping_ = true;
   }
   changed_.notify_all();
-  thread_.join();
+  for (std::thread& thread : threads_) thread.join();
 }
 
 void HttpLoadSender::SendAsync(const WorkItem& item, std::function<void(absl::Status)> done) const {
@@ -194,9 +200,13 @@ void HttpLoadSender::SendAsync(const WorkItem& item, std::function<void(absl::St
   changed_.notify_one();
 }
 
-absl::Status HttpLoadSender::Send(const WorkItem& item) const { return Exchange(item); }
+absl::Status HttpLoadSender::Send(const WorkItem& item) const {
+  std::lock_guard lock(check_mu_);
+  return Exchange(check_connection_, item);
+}
 
 void HttpLoadSender::Serve() const {
+  HttpConnection connection(url_);
   while (true) {
     std::pair<const WorkItem*, std::function<void(absl::Status)>> call;
     {
@@ -206,21 +216,27 @@ void HttpLoadSender::Serve() const {
       call = std::move(queue_.front());
       queue_.pop_front();
     }
-    call.second(Exchange(*call.first));
+    call.second(Exchange(connection, *call.first));
   }
 }
 
-absl::Status HttpLoadSender::Exchange(const WorkItem& item) const {
-  std::lock_guard lock(connection_mu_);
+absl::StatusOr<std::shared_ptr<const RestCall>> HttpLoadSender::Encoded(
+    const WorkItem& item) const {
+  std::lock_guard lock(encoded_mu_);
   auto it = encoded_.find(&item);
-  if (it == encoded_.end()) {
-    absl::StatusOr<RestCall> call = EncodeRestInfer(item.request, model_, encoding_, token_);
-    if (!call.ok()) return call.status();
-    it = encoded_.emplace(&item, *std::move(call)).first;
-  }
-  const RestCall& call = it->second;
+  if (it != encoded_.end()) return it->second;
+  absl::StatusOr<RestCall> call = EncodeRestInfer(item.request, model_, encoding_, token_);
+  if (!call.ok()) return call.status();
+  auto shared = std::make_shared<const RestCall>(*std::move(call));
+  encoded_.emplace(&item, shared);
+  return shared;
+}
+
+absl::Status HttpLoadSender::Exchange(HttpConnection& connection, const WorkItem& item) const {
+  absl::StatusOr<std::shared_ptr<const RestCall>> call = Encoded(item);
+  if (!call.ok()) return call.status();
   absl::StatusOr<HttpResponse> response =
-      connection_.Exchange("POST", call.path, call.headers, call.body, timeout_);
+      connection.Exchange("POST", (*call)->path, (*call)->headers, (*call)->body, timeout_);
   if (!response.ok()) return response.status();
   return StatusOfHttp(*response);
 }

@@ -5,9 +5,11 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,39 +46,46 @@ absl::StatusOr<v1::ModelInfo> FindModelOverRest(const HttpUrl& url, const std::s
                                                 const std::string& name, uint64_t version,
                                                 absl::Duration timeout);
 
-// REST calls over one keep-alive connection, one at a time, from a thread of its own: calls
-// handed in meanwhile wait their turn (HTTP/1.1 carries one call at a time on a connection, so a
-// closed loop wants as many connections as calls in flight).
+// REST calls over a pool of keep-alive connections, a thread each, taking the calls handed in
+// from one queue as each becomes free (HTTP/1.1 carries one call at a time on a connection, so
+// a closed loop wants as many connections as calls in flight). Each request is encoded once,
+// on its first use, and shared by every connection.
 class HttpLoadSender final : public LoadSender {
  public:
   // `model` names the model for requests that name none.
   HttpLoadSender(HttpUrl url, std::string model, RestEncoding encoding, std::string token,
-                 absl::Duration timeout);
+                 absl::Duration timeout, int connections);
   ~HttpLoadSender() override;
 
   void SendAsync(const WorkItem& item, std::function<void(absl::Status)> done) const override;
   absl::Status Send(const WorkItem& item) const override;
+  int connections() const override { return static_cast<int>(threads_.size()); }
 
  private:
-  // The sender's thread: takes calls in turn until stopped.
+  // A connection's thread: takes calls in turn until stopped.
   void Serve() const;
-  // One call on the connection (under connection_mu_).
-  absl::Status Exchange(const WorkItem& item) const;
+  // `item`'s REST call, encoded on first use.
+  absl::StatusOr<std::shared_ptr<const RestCall>> Encoded(const WorkItem& item) const;
+  // One call on `connection`.
+  absl::Status Exchange(HttpConnection& connection, const WorkItem& item) const;
 
+  const HttpUrl url_;
   const std::string model_;
   const RestEncoding encoding_;
   const std::string token_;
   const absl::Duration timeout_;
 
-  mutable std::mutex connection_mu_;
-  mutable HttpConnection connection_;                    // guarded by connection_mu_
-  mutable std::map<const WorkItem*, RestCall> encoded_;  // guarded by connection_mu_
+  mutable std::mutex encoded_mu_;
+  mutable std::map<const WorkItem*, std::shared_ptr<const RestCall>> encoded_;
+
+  mutable std::mutex check_mu_;
+  mutable HttpConnection check_connection_;  // Send's, guarded by check_mu_
 
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
   mutable std::deque<std::pair<const WorkItem*, std::function<void(absl::Status)>>> queue_;
   bool stopping_ = false;  // guarded by mu_
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace attnserve::client

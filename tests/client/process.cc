@@ -93,7 +93,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   // side by side.
   std::vector<std::string> argv = {server_binary, "--listen", "127.0.0.1:0",
                                    "--port-file", port_file,  "--metrics-listen=off"};
-  if (std::find(extra_args.begin(), extra_args.end(), "--http-listen") == extra_args.end()) {
+  if (std::none_of(extra_args.begin(), extra_args.end(),
+                   [](const std::string& arg) { return arg.rfind("--http-listen", 0) == 0; })) {
     argv.push_back("--http-listen=off");
   }
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
