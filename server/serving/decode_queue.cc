@@ -12,8 +12,8 @@ namespace {
 
 // A step with at most this many new tokens a sequence is a generation step, not a prefill.
 constexpr int64_t kShortStepTokens = 16;
-// The cached keys the prompts' chunks may read in a run beside short steps, at least (about 16
-// tokens at position 1000), so that prompts move on beside a few short steps.
+// What the prompts' chunks may cost in a run beside short steps, at least (in cached keys read,
+// as Reads counts), so that prompts move on beside a few short steps.
 constexpr int64_t kMinPrefillReads = 16 * 1024;
 
 }  // namespace
@@ -105,10 +105,13 @@ bool DecodeQueue::Short(const Pending& step) {
 
 int64_t DecodeQueue::Reads(const Session& session, size_t b, int64_t n) {
   // Each query sees the keys up to its own position: its sequence's, or (causal cross) the
-  // context's, however long the sequence.
+  // context's, however long the sequence. Its projections (Q, K, V and the output, about
+  // 4 d_model^2 multiply-adds) cost as much as reading 2 d_model keys (2 x inner each).
   const int64_t seen = session.positions_[b] + n;
-  if (session.kind() == core::AttentionKind::kCausal) return n * seen;
-  return n * std::min(seen, session.contexts_[b]->length());
+  const int64_t keys = session.kind() == core::AttentionKind::kCausal
+                           ? seen
+                           : std::min(seen, session.contexts_[b]->length());
+  return n * (keys + 2 * session.layer()->spec().d_model);
 }
 
 int64_t DecodeQueue::Reads(const Pending& step) {
@@ -182,7 +185,12 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
       any_short = true;
       short_reads += Reads(*step);
     }
-    int64_t prefill_reads = std::max(short_reads, kMinPrefillReads);
+    // And never more than a chunk of chunk_tokens at position 0: with many sessions, a moment
+    // with no step waiting comes often, and a 256-token chunk at position 4000 then held their
+    // next steps for 15 times as long.
+    const int64_t max_prefill = chunk_tokens_ * (chunk_tokens_ + 2 * layer->spec().d_model);
+    int64_t prefill_reads =
+        any_short ? std::min(max_prefill, std::max(short_reads, kMinPrefillReads)) : max_prefill;
     for (size_t i = 0; i < steps.size() && status.ok(); ++i) {
       Session& session = *steps[i]->session;
       // Each session's state is read and written under its lock: its frontend's next Step
@@ -197,8 +205,7 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
       }
       session.pending_context_.clear();
       int64_t budget = chunk_tokens_;
-      const bool bounded = any_short && !Short(*steps[i]);
-      AddChunk(*steps[i], &budget, bounded ? &prefill_reads : nullptr, &run, &sequence_of);
+      AddChunk(*steps[i], &budget, Short(*steps[i]) ? nullptr : &prefill_reads, &run, &sequence_of);
       step_of.resize(run.size(), i);
     }
     if (status.ok()) status = layer->Decode(steps.front()->session->kind(), run);

@@ -21,10 +21,10 @@ class ModelMetrics;
 // One model's decode steps, of all its sessions, run by the compute executor in turns with the
 // model's Forward calls: each run takes the waiting steps (of one kind) and computes them as one
 // Layer::Decode (continuous batching: every session's new tokens in one matmul), a long step a
-// chunk at a time so that it does not stall the others: up to `chunk_tokens` a sequence a run,
-// and, while short steps share the run, a chunk that reads no more cached keys than they do
-// together, or a floor's worth (so a run then takes about twice theirs alone when they are
-// many, however long the prompt).
+// chunk at a time so that it does not stall the others: up to `chunk_tokens` a sequence a run
+// and no more than such a chunk costs at position 0 (in cached keys read and projections);
+// while short steps share the run, no more than they cost together, or a floor's worth (so a
+// run then takes about twice theirs alone when they are many, however long the prompt).
 class DecodeQueue final : public RunQueue {
  public:
   // `executor` and `metrics` outlive the queue; it registers with the executor.
@@ -67,8 +67,9 @@ class DecodeQueue final : public RunQueue {
   static bool Finished(const Pending& step);
   // A step of a few tokens a sequence (generation), as against a prompt's prefill.
   static bool Short(const Pending& step);
-  // Cached keys the rest of `step` reads (its queries times the keys each sees), and those
-  // that `n` queries of sequence `b` of `session` from its position read (about).
+  // The cost of the rest of `step` in cached keys read (its queries times the keys each sees,
+  // plus their projections in the same unit), and that of `n` queries of sequence `b` of
+  // `session` from its position.
   static int64_t Reads(const Pending& step);
   static int64_t Reads(const Session& session, size_t b, int64_t n);
 
