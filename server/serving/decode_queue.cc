@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -178,17 +179,23 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
     // While short steps share the run, the prompts' chunks together read no more cached keys
     // than those steps do (and at least kMinPrefillReads, so that prompts move on).
     int64_t short_reads = 0;
+    int64_t long_steps = 0;
     bool any_short = false;
     for (Pending* step : steps) {
       std::lock_guard session_lock(step->session->mu_);
-      if (!Short(*step)) continue;
+      if (!Short(*step)) {
+        ++long_steps;
+        continue;
+      }
       any_short = true;
       short_reads += Reads(*step);
     }
-    // And never more than a chunk of chunk_tokens at position 0: with many sessions, a moment
-    // with no step waiting comes often, and a 256-token chunk at position 4000 then held their
-    // next steps for 15 times as long.
-    const int64_t max_prefill = chunk_tokens_ * (chunk_tokens_ + 2 * layer->spec().d_model);
+    // And, when other sessions are open, never more than a chunk of chunk_tokens at position 0:
+    // with many sessions, a moment with no step waiting comes often, and a 256-token chunk at
+    // position 4000 then held their next steps for 15 times as long.
+    const int64_t max_prefill = sessions_.load() > long_steps
+                                    ? chunk_tokens_ * (chunk_tokens_ + 2 * layer->spec().d_model)
+                                    : std::numeric_limits<int64_t>::max();
     int64_t prefill_reads =
         any_short ? std::min(max_prefill, std::max(short_reads, kMinPrefillReads)) : max_prefill;
     for (size_t i = 0; i < steps.size() && status.ok(); ++i) {

@@ -22,7 +22,8 @@ class ModelMetrics;
 // model's Forward calls: each run takes the waiting steps (of one kind) and computes them as one
 // Layer::Decode (continuous batching: every session's new tokens in one matmul), a long step a
 // chunk at a time so that it does not stall the others: up to `chunk_tokens` a sequence a run
-// and no more than such a chunk costs at position 0 (in cached keys read and projections);
+// and, when other sessions are open, no more than such a chunk costs at position 0 (in cached
+// keys read and projections);
 // while short steps share the run, no more than they cost together, or a floor's worth (so a
 // run then takes about twice theirs alone when they are many, however long the prompt).
 class DecodeQueue final : public RunQueue {
@@ -46,6 +47,8 @@ class DecodeQueue final : public RunQueue {
 
   // The bytes the model's sessions' caches hold (attnserve_kv_cache_bytes).
   std::atomic<int64_t>& kv_bytes() { return kv_bytes_; }
+  // The model's sessions open (each counts itself in and out).
+  std::atomic<int64_t>& sessions() { return sessions_; }
 
   Clock::time_point ReadyAt(Clock::time_point now) const override;
   void RunNext(Clock::time_point now) override;
@@ -78,6 +81,7 @@ class DecodeQueue final : public RunQueue {
   ComputeExecutor* const executor_;
   ModelMetrics* const metrics_;
   std::atomic<int64_t> kv_bytes_{0};
+  std::atomic<int64_t> sessions_{0};
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
   std::list<Pending> pending_;  // guarded by mu_ (a list: a running step stays put)

@@ -93,9 +93,12 @@ Session::Session(SessionManager* manager, VersionHandle version, core::Attention
       version_(std::move(version)),
       kind_(kind),
       queue_(queue),
-      metrics_(metrics) {}
+      metrics_(metrics) {
+  queue_->sessions().fetch_add(1);
+}
 
 Session::~Session() {
+  queue_->sessions().fetch_sub(1);
   caches_.clear();
   contexts_.clear();
   manager_->open_.fetch_sub(1);
