@@ -303,7 +303,10 @@ TEST(RepositoryTest, PollModeMovesToANewVersionAndRefusesTheRetiredOne) {
   const grpc::Status old = client.Forward("m", 1, nullptr);
   EXPECT_EQ(old.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_TRUE(absl::StrContains(old.error_message(), "ready: 2")) << old.error_message();
-  EXPECT_EQ(client.Index("m", "1").state(), "UNAVAILABLE");
+  // The retired version is UNLOADING until the calls that held it are answered, then
+  // UNAVAILABLE (on a slow machine the last of them may still be on its way out).
+  EXPECT_TRUE(WaitFor([&] { return client.Index("m", "1").state() == "UNAVAILABLE"; }))
+      << "version 1 is " << client.Index("m", "1").state();
   EXPECT_EQ(client.Index("m", "2").state(), "READY");
   // Load and unload are explicit mode's (Triton refuses them while polling too).
   EXPECT_EQ(client.Load("m").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
