@@ -38,7 +38,8 @@ TEST(ProcessTest, SigtermFinishesCallsInFlightAndExitsZero) {
 
   constexpr int kCalls = 12;
   std::vector<grpc::StatusCode> codes(kCalls, grpc::StatusCode::UNKNOWN);
-  std::vector<bool> answered_correctly(kCalls, false);
+  // Not vector<bool>: its elements share words, and the callers write them from their threads.
+  std::vector<char> answered_correctly(kCalls, 0);
   std::atomic<bool> signalled{false};
   std::vector<std::thread> callers;
   for (int i = 0; i < kCalls; ++i) {
