@@ -13,6 +13,6 @@ deploy/build.sh -DATTNSERVE_BUILD_TESTS=ON -DATTNSERVE_BUILD_BENCH=ON  # build.s
 ctest --test-dir build --output-on-failure
 # Suites with their own builds or time bounds go here, one line each.
 deploy/scaleout-test.sh        # replicas: client round robin and nginx, a replica killed (~75 s)
-tests/fuzz/run.sh 60           # libFuzzer harnesses, 60 s each (build-fuzz/, clang-14)
+tests/fuzz/run.sh 30           # libFuzzer harnesses, 30 s each (build-fuzz/, clang-14)
 tests/sanitizers/run.sh asan   # ASan + UBSan build, the whole ctest suite (build-asan/)
 tests/sanitizers/run.sh tsan   # TSan build, the server tests (build-tsan/)

@@ -75,7 +75,7 @@ UNRUNNABLE = {
         "a benchmark of minutes, and its baseline needs PyTorch",
     ("docs/testing.md", "deploy/test.sh"):
         "the whole test command, of which this test is a part",
-    ("docs/testing.md", "tests/fuzz/run.sh 60          # each libFuzzer harness for 60 s (ASan + UBSan); what CI runs"):
+    ("docs/testing.md", "tests/fuzz/run.sh 30          # each libFuzzer harness for 30 s (ASan + UBSan); what CI runs"):
         "builds of their own and runs of minutes; the test command runs them",
 }
 
