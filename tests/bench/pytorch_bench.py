@@ -12,23 +12,7 @@ import os
 import statistics
 import time
 
-
-def _openblas_core():
-    """OpenBLAS 0.3.21 (Debian 12) does not know CPUs newer than Cooper Lake and falls back to
-    its generic SSE3 ("Prescott") kernels, 10x slower: name the closest core it knows."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return None
-    if "avx512_bf16" in flags:
-        return "Cooperlake"
-    if "avx512f" in flags:
-        return "SkylakeX"
-    return None
-
-
-if _openblas_core():
-    os.environ.setdefault("OPENBLAS_CORETYPE", _openblas_core())
+import openblas_core  # noqa: E402,F401  (sets OPENBLAS_CORETYPE before torch loads OpenBLAS)
 
 import torch  # noqa: E402  (after OPENBLAS_CORETYPE, which OpenBLAS reads when loaded)
 import torch.nn as nn

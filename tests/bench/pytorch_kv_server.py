@@ -47,23 +47,7 @@ from concurrent import futures
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-
-def _openblas_core():
-    """OpenBLAS 0.3.21 (Debian 12) does not know CPUs newer than Cooper Lake and falls back to
-    its generic SSE3 kernels, 10x slower: name the closest core it knows (as pytorch_bench.py)."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return None
-    if "avx512_bf16" in flags:
-        return "Cooperlake"
-    if "avx512f" in flags:
-        return "SkylakeX"
-    return None
-
-
-if _openblas_core():
-    os.environ.setdefault("OPENBLAS_CORETYPE", _openblas_core())
+import openblas_core  # noqa: E402,F401  (sets OPENBLAS_CORETYPE before torch loads OpenBLAS)
 # As attnserve does (server/main.cc): OpenMP threads sleep rather than spin between parallel
 # regions. Spinning, they take the two cores from this process's own stream threads and from
 # everything else on the machine: the peer ran 4-8x slower on a busy machine without it.
@@ -511,15 +495,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def write_random_layer(path, d=768, heads=12):
-    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-    from save_layer import save_layer
-    rng = np.random.default_rng(11)
-    s = 1 / np.sqrt(d)
-    save_layer(path, {"in_proj_weight": rng.standard_normal((3 * d, d)) * s,
-                      "in_proj_bias": rng.standard_normal(3 * d) * 0.02,
-                      "out_proj.weight": rng.standard_normal((d, d)) * s,
-                      "out_proj.bias": rng.standard_normal(d) * 0.02}, num_heads=heads)
+def write_random_layer(path):
+    """The 768-wide, 12-head layer decode.py benchmarks."""
+    from decode import write_wide_layer
+    write_wide_layer(path)
 
 
 def start_attnserve(binary, workdir, spec):
