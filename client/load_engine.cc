@@ -145,7 +145,9 @@ void StepRun::Finish(Call* call, const absl::Status& status) {
         ++slice.ok;
         report_.tokens += call->item->tokens;
       } else {
-        ++report_.errors[status.code()];
+        if (++report_.errors[status.code()] == 1) {
+          report_.first_error[status.code()] = std::string(status.message());
+        }
         ++slice.failed;
       }
       last_counted_answer_ = std::max(last_counted_answer_, now);
@@ -441,6 +443,7 @@ void MergeStep(StepReport& into, const StepReport& next) {
   into.unsent += next.unsent;
   into.ok += next.ok;
   for (const auto& [code, n] : next.errors) into.errors[code] += n;
+  into.first_error.insert(next.first_error.begin(), next.first_error.end());  // keeps the earlier
   into.tokens += next.tokens;
   into.latency.Merge(next.latency);
   into.send_lag.Merge(next.send_lag);

@@ -129,10 +129,12 @@ struct StepReport {
   int64_t unsent = 0;
   int64_t ok = 0;
   std::map<absl::StatusCode, int64_t> errors;  // failed calls by status code
-  int64_t tokens = 0;                          // valid query tokens of the successful calls
-  LatencyHistogram latency;                    // of the successful calls, from scheduled time
-  LatencyHistogram send_lag;                   // actual send time - scheduled, of every call sent
-  absl::Duration send_span;                    // window start to the last counted send
+  // The first failure's message of each code (what a transport failure was: GOAWAY, reset, ...).
+  std::map<absl::StatusCode, std::string> first_error;
+  int64_t tokens = 0;         // valid query tokens of the successful calls
+  LatencyHistogram latency;   // of the successful calls, from scheduled time
+  LatencyHistogram send_lag;  // actual send time - scheduled, of every call sent
+  absl::Duration send_span;   // window start to the last counted send
   std::vector<TimeSlice> timeline;
   double slice_seconds = 1;
   std::optional<DecodeFigures> decode;  // bench --decode: the sessions' figures

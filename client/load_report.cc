@@ -65,6 +65,10 @@ nlohmann::json DecodeJson(const std::optional<DecodeFigures>& d) {
 nlohmann::json StepJson(const StepReport& r) {
   nlohmann::json errors = nlohmann::json::object();
   for (const auto& [code, n] : r.errors) errors[absl::StatusCodeToString(code)] = n;
+  nlohmann::json error_messages = nlohmann::json::object();
+  for (const auto& [code, message] : r.first_error) {
+    error_messages[absl::StatusCodeToString(code)] = message;
+  }
   nlohmann::json slices = nlohmann::json::array();
   for (const TimeSlice& s : r.timeline) {
     slices.push_back({{"t", s.start_seconds},
@@ -93,6 +97,7 @@ nlohmann::json StepJson(const StepReport& r) {
           {"unsent", r.unsent},
           {"ok", r.ok},
           {"errors", errors},
+          {"first_error_messages", error_messages},
           {"achieved_rate", r.achieved_rate()},
           {"requests_per_second", r.requests_per_second()},
           {"tokens", r.tokens},
@@ -181,7 +186,10 @@ std::string StepSummary(const LoadStep& step) {
       Ms(r.latency.ValueAtQuantile(0.99)), Ms(r.latency.ValueAtQuantile(0.999)),
       Ms(r.latency.max()), r.latency.mean() / 1e3);
   for (const auto& [code, n] : r.errors) {
-    absl::StrAppend(&text, "errors       ", absl::StatusCodeToString(code), ": ", n, "\n");
+    const auto first = r.first_error.find(code);
+    absl::StrAppend(
+        &text, "errors       ", absl::StatusCodeToString(code), ": ", n,
+        first == r.first_error.end() ? "" : absl::StrCat(" (first: ", first->second, ")"), "\n");
   }
   if (r.decode.has_value()) absl::StrAppend(&text, DecodeSummary(*r.decode));
   if (step.server.has_value()) absl::StrAppend(&text, ServerLine(*step.server));

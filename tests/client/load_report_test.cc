@@ -161,6 +161,22 @@ TEST(LoadReportTest, JsonHasTheContractKeysAndOneEntryPerStep) {
   EXPECT_NEAR(json["steps"][1]["latency_ms"]["p50"].get<double>(), 10, 10.0 / 128);
 }
 
+TEST(LoadReportTest, AFailedCodeShowsItsFirstMessage) {
+  LoadRun run;
+  StepReport first = SomeStep(LoadMode::kClosed, 10);
+  first.first_error[absl::StatusCode::kResourceExhausted] = "the queue is full";
+  StepReport second = SomeStep(LoadMode::kClosed, 20);
+  second.first_error[absl::StatusCode::kResourceExhausted] = "a later message";
+  run.steps.push_back({first, std::nullopt});
+  const std::string text = RunSummary(run);
+  EXPECT_NE(text.find("RESOURCE_EXHAUSTED: 1 (first: the queue is full)"), std::string::npos)
+      << text;
+  run.steps.push_back({second, std::nullopt});
+  const nlohmann::json json = nlohmann::json::parse(RunJson(run).dump());
+  EXPECT_EQ(json["first_error_messages"]["RESOURCE_EXHAUSTED"], "the queue is full");
+  EXPECT_EQ(json["steps"][1]["first_error_messages"]["RESOURCE_EXHAUSTED"], "a later message");
+}
+
 TEST(LoadReportTest, CsvHasAHeaderAndARowPerStepOfEqualWidth) {
   LoadRun run;
   run.sweep = "concurrency";
