@@ -9,7 +9,9 @@
 # Asserts: no failed call in (a) and (b) (the client's default retry policy and nginx's
 # grpc_next_upstream move the calls of the dead replica elsewhere); each replica served its fair
 # share (within 25 % of even) before the kill; in (c) the new replica gets calls once the
-# connections reach their age (+ gRPC's 30 s floor between DNS resolutions), then its share.
+# connections reach their age (+ gRPC's 30 s floor between DNS resolutions), then its share; a
+# call may fail there only as gRPC 1.51 fails one racing a connection's age (at most 1 in 10,000,
+# UNAVAILABLE with the connection reset: docs/deployment.md#new-replicas).
 # Calls are counted from each replica's own log (--log-level debug: one JSON line per call).
 # Every address is on loopback: 127.0.0.1, and 127.0.0.2-4 in (c), which a DNS A record needs
 # since it has no port. Needs: nginx, /usr/bin/python3, a build (deploy/build.sh).
@@ -76,12 +78,24 @@ run_bench() {
     --duration "$BENCH_SECONDS" >"$WORK/$phase.bench" 2>&1 &
   bench_pid=$!; started+=($!)
 }
-# finish_bench PHASE: waits for the load; fails unless every call succeeded.
+# finish_bench PHASE [FAILURES_PER_10000]: waits for the load; fails unless every call succeeded
+# (or, given a tolerance, unless the failures are all UNAVAILABLE ones of a reset connection and
+# no more than that many per 10,000 calls, at least one).
 finish_bench() {
   local code=0
   wait "$bench_pid" || code=$?
   cat "$WORK/$1.bench"
-  (( code == 0 )) || fail "$1: the load tester exited $code (failed calls, listed above)"
+  (( code == 0 )) && return
+  if [[ $code == 14 && -n "${2:-}" ]]; then
+    local failed sent
+    read -r failed sent < <(sed -n 's/^attnserve-client: UNAVAILABLE: \([0-9]*\) of \([0-9]*\) calls failed$/\1 \2/p' "$WORK/$1.bench")
+    if [[ -n "$failed" ]] && grep -q '^errors .*UNAVAILABLE: [0-9]* (first: .*Connection reset by peer)$' "$WORK/$1.bench" &&
+       (( $(grep -c '^errors ' "$WORK/$1.bench") == 1 && failed * 10000 <= sent * $2 || failed == 1 )); then
+      echo "$1: $failed of $sent calls failed as gRPC fails a call racing a connection's age (tolerated)"
+      return
+    fi
+  fi
+  fail "$1: the load tester exited $code (failed calls, listed above)"
 }
 
 # kill_mid_run PHASE R1 R2 R3: lets a third of the load pass, kills R3, checks the shares.
@@ -182,7 +196,7 @@ while kill -0 "$bench_pid" 2>/dev/null; do
   fi
   sleep 0.2
 done
-finish_bench c
+finish_bench c 1
 [[ -n "$first" ]] || fail "c: replica c4 got no call in ${BENCH_SECONDS} s"
 delay=$(awk -v a="$joined" -v b="$first" 'BEGIN { printf "%.1f", b - a }')
 limit=$(( AGE * 11 / 10 + 3 ))
