@@ -24,11 +24,6 @@
 namespace attnserve::core {
 namespace {
 
-// Calls with less useful work than this (~0.3 ms on one core) run on the calling thread alone:
-// every OpenMP region of the call (ours, oneDNN's, the kernel's) would wait for the whole team,
-// and on a shared machine that wait was measured at tens of ms for the 16-token shape.
-constexpr double kSerialFlops = 4e7;
-
 // Copies (and for bf16 rounds) the valid rows of `batch` into `rows` packed rows of `buffer`,
 // zeroing the rows past the valid ones. Returns the input itself when nothing needs doing.
 const void* PackRows(const RaggedBatch& batch, std::span<const int64_t> offsets, int64_t rows,
@@ -172,6 +167,26 @@ class ScopedOmpThreads {
   int saved_;
   bool set_;
 };
+
+// Useful FLOPs of a decode run: each new token's projections and its attention over the keys it
+// sees (its sequence's up to its own position, or the context's).
+double DecodeFlops(const LayerSpec& spec, AttentionKind kind,
+                   std::span<const DecodeSequence> sequences) {
+  const double inner = static_cast<double>(spec.inner());
+  const double d = static_cast<double>(spec.d_model);
+  const double per_token = 2 * d * inner * (kind == AttentionKind::kCausal ? 3 : 1) +
+                           (spec.has_output_projection ? 2 * inner * d : 0);
+  double flops = 0;
+  for (const DecodeSequence& seq : sequences) {
+    for (int64_t t = 0; t < seq.tokens; ++t) {
+      const int64_t keys = kind == AttentionKind::kCausal || seq.context == nullptr
+                               ? seq.position + t + 1
+                               : std::min(seq.position + t + 1, seq.context->length());
+      flops += per_token + 4 * inner * static_cast<double>(keys);
+    }
+  }
+  return flops;
+}
 
 }  // namespace
 
@@ -506,6 +521,9 @@ absl::Status Layer::ProjectContext(const float* context, int64_t tokens, KvSeque
 }
 
 absl::Status Layer::Decode(AttentionKind kind, std::span<const DecodeSequence> sequences) const {
+  // A generation step of a few sessions is far below kSerialFlops: waking the team for its
+  // matmuls cost more CPU than the step itself.
+  ScopedOmpThreads threads(DecodeFlops(impl_->spec, kind, sequences) < kSerialFlops ? 1 : 0);
   return Guarded("decode step", absl::StatusCode::kInternal,
                  [&] { return impl_->Decode(kind, sequences); });
 }

@@ -18,15 +18,26 @@ inline constexpr int64_t kMaxElements = int64_t{1} << 32;
 // kRuntimeRowsFrom one runtime-M primitive takes over, bounding the number of primitives.
 inline constexpr int64_t kRuntimeRowsFrom = 65537;
 
+// Calls and decode runs with less useful work than this (~0.3 ms on one core) run on the calling
+// thread alone: every OpenMP region of the call (ours, oneDNN's, the kernel's) would wait for the
+// whole team, and on a shared machine that wait was measured at tens of ms for the 16-token shape.
+inline constexpr double kSerialFlops = 4e7;
+
 // Below this many floats touched, a copy loop runs on one thread: starting an OpenMP team
 // costs more than it saves, and on a loaded machine a descheduled team member stalls it.
 inline constexpr int64_t kParallelFloats = int64_t{1} << 16;
 
 // The rows the matmuls run on for `rows` valid tokens (padding rows of the buckets are zeros).
-// The steps keep the padding under 2% of the rows (12% for tiny calls, where it is cheap) and
-// the buckets under ~200 per weight matrix.
+// Buckets of 16 rows up to 128, 64 up to 8192, 512 past it keep the padding small against the
+// call and the buckets under ~200 per weight matrix. Up to 16 rows they are powers of two: a
+// generation step's one token would otherwise run a 16-row matmul, 16 times its work.
 inline int64_t MatmulRows(int64_t rows) {
   if (rows >= kRuntimeRowsFrom) return rows;
+  if (rows <= 16) {
+    int64_t bucket = rows > 0 ? 1 : 0;
+    while (bucket < rows) bucket *= 2;
+    return bucket;
+  }
   const int64_t step = rows <= 128 ? 16 : rows <= 8192 ? 64 : 512;
   return (rows + step - 1) / step * step;
 }

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/layer_limits.h"
 #include "gtest/gtest.h"
 #include "tests/common/golden.h"
 
@@ -86,6 +87,24 @@ class LayerTest : public ::testing::Test {
   int64_t d_ = 0;
   std::vector<float> input_, context_;
 };
+
+TEST(MatmulRowsTest, BucketsHoldEveryRowAndAreExactForOneToken) {
+  EXPECT_EQ(MatmulRows(0), 0);
+  EXPECT_EQ(MatmulRows(1), 1) << "a generation step's one token runs a one-row matmul";
+  int64_t last = 0;
+  for (int64_t rows = 1; rows <= 20000; ++rows) {
+    const int64_t bucket = MatmulRows(rows);
+    ASSERT_GE(bucket, rows);
+    ASSERT_GE(bucket, last) << rows;
+    if (rows <= 16) {
+      ASSERT_LT(bucket, 2 * rows + (rows == 1)) << rows;  // the next power of two
+    } else {
+      ASSERT_LT(bucket - rows, rows <= 128 ? 16 : rows <= 8192 ? 64 : 512) << rows;
+    }
+    last = bucket;
+  }
+  EXPECT_EQ(MatmulRows(kRuntimeRowsFrom + 3), kRuntimeRowsFrom + 3);
+}
 
 TEST_F(LayerTest, CreateKeepsSpecAndPrecision) {
   EXPECT_EQ(layer_->spec().d_model, 256);
