@@ -38,6 +38,27 @@ void ComputeExecutor::Notify() {
   cv_.notify_one();
 }
 
+bool ComputeExecutor::TryRunInline(RunQueue* queue) {
+  const Clock::time_point now = Clock::now();
+  {
+    std::lock_guard lock(mu_);
+    if (stop_ || running_ != nullptr) return false;
+    for (RunQueue* other : queues_) {
+      if (other != queue && other->ReadyAt(now) <= now) return false;
+    }
+    running_ = queue;
+  }
+  queue->RunNext(now);
+  {
+    std::lock_guard lock(mu_);
+    running_ = nullptr;
+    changed_ = true;  // what was queued meanwhile waits for the compute thread
+  }
+  idle_cv_.notify_all();
+  cv_.notify_one();
+  return true;
+}
+
 void ComputeExecutor::Loop() {
   // OpenMP keeps its thread count per thread: set it on the thread that computes.
   core::SetComputeThreads(compute_threads_);
@@ -48,17 +69,19 @@ void ComputeExecutor::Loop() {
     const Clock::time_point now = Clock::now();
     Clock::time_point wake = Clock::time_point::max();
     const size_t count = queues_.size();
-    for (size_t i = 0; i < count && running_ == nullptr; ++i) {
+    RunQueue* chosen = nullptr;
+    // While a run goes on inline (TryRunInline), this thread waits for its end (Notify).
+    for (size_t i = 0; i < count && running_ == nullptr && chosen == nullptr; ++i) {
       RunQueue* queue = queues_[(next_ + i) % count];
       const Clock::time_point ready = queue->ReadyAt(now);
       if (ready <= now) {
-        running_ = queue;
+        chosen = running_ = queue;
         next_ = (next_ + i + 1) % count;
       } else {
         wake = std::min(wake, ready);
       }
     }
-    if (RunQueue* chosen = running_; chosen != nullptr) {
+    if (chosen != nullptr) {
       lock.unlock();
       chosen->RunNext(now);
       lock.lock();

@@ -27,6 +27,8 @@ class RunQueue {
 // attention kernel through OpenMP), so two runs at once would only fight over them. Models take
 // turns: after a run of one model, the next model with a run ready goes first. The thread sleeps
 // while nothing is ready (no polling), waking when a call is queued or a delay window closes.
+// A run small enough for one core may go on its caller's thread instead (TryRunInline), never
+// beside another run.
 class ComputeExecutor {
  public:
   // `compute_threads`: OpenMP threads per run (0: OpenMP's default, every core).
@@ -44,6 +46,11 @@ class ComputeExecutor {
   // A queue changed (a call queued, taken back, or the queue closed).
   void Notify();
 
+  // Runs `queue`'s next run on the calling thread when the executor is idle and no other queue
+  // has a run ready (true), saving the hand-off to the compute thread and back; else false, and
+  // the caller Notifies. For runs small enough to compute on one thread (a generation step).
+  bool TryRunInline(RunQueue* queue);
+
  private:
   void Loop();
 
@@ -54,7 +61,7 @@ class ComputeExecutor {
   size_t next_ = 0;                // guarded by mu_: who goes first next time
   bool changed_ = false;           // guarded by mu_
   bool stop_ = false;              // guarded by mu_
-  RunQueue* running_ = nullptr;    // guarded by mu_: Remove waits while it runs
+  RunQueue* running_ = nullptr;    // guarded by mu_: Remove waits while it runs (here or inline)
   std::condition_variable idle_cv_;
   std::thread thread_;
 };

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/layer_limits.h"
 #include "server/observability/metrics.h"
 
 namespace attnserve::server {
@@ -35,19 +36,32 @@ DecodeQueue::~DecodeQueue() {
 }
 
 void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(absl::Status)> done) {
+  const size_t sequences = args.tokens.size();
+  Pending step{session, std::move(args), std::move(done), std::vector<int64_t>(sequences, 0), false,
+               false};
+  int64_t reads;
+  {
+    std::lock_guard session_lock(session->mu_);
+    reads = Reads(step);
+  }
+  bool queued = false, alone = false;
   {
     std::lock_guard lock(mu_);
     if (!closed_) {
-      const size_t sequences = args.tokens.size();
-      pending_.push_back({session, std::move(args), std::move(done),
-                          std::vector<int64_t>(sequences, 0), false, false});
-      done = nullptr;
+      alone = pending_.empty() && !running_;
+      pending_.push_back(std::move(step));
+      queued = true;
     }
   }
-  if (done) {
-    done(absl::UnavailableError("the server is shutting down"));
+  if (!queued) {
+    step.done(absl::UnavailableError("the server is shutting down"));
     return;
   }
+  // A step alone and small enough for one thread (Layer::Decode runs it serially) runs here
+  // when the compute thread is idle: two thread hand-offs cost more than such a step.
+  const bool serial =
+      static_cast<double>(reads) * 4 * session->layer()->spec().inner() < core::kSerialFlops;
+  if (alone && serial && executor_->TryRunInline(this)) return;
   executor_->Notify();
 }
 

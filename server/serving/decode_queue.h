@@ -34,7 +34,8 @@ class DecodeQueue final : public RunQueue {
   // Drains (refuses new steps, finishes queued ones) and leaves the executor.
   ~DecodeQueue();
 
-  // Queues a checked and reserved step of `session`. `done` runs once, on the compute thread.
+  // Queues a checked and reserved step of `session`. `done` runs once, on the compute thread,
+  // or before Submit returns when the step was small and the executor idle (run inline).
   void Submit(Session* session, StepArgs args, std::function<void(absl::Status)> done);
 
   // Takes the session's queued step back and answers it `why`; nothing if it is running.

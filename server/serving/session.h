@@ -76,7 +76,8 @@ class Session {
   // Checks `args` against the session and its limits and reserves cache room for it: a refused
   // step (InvalidArgument, ResourceExhausted naming the limit) changes nothing and `done` is not
   // called. Otherwise the step is queued for the model's compute and `done` runs once with its
-  // answer, on the compute thread; positions() then include it.
+  // answer, on the compute thread, or before Step returns when it ran inline on this thread
+  // (DecodeQueue::Submit); positions() then include it.
   absl::Status Step(StepArgs args, std::function<void(absl::Status)> done);
 
   // Takes a queued step back (its stream ended): `done` runs at once with `why`. A step already
@@ -104,7 +105,7 @@ class Session {
   std::vector<int64_t> positions_;
   std::vector<std::unique_ptr<core::KvSequence>> caches_;    // kCausal: keys, values so far
   std::vector<std::unique_ptr<core::KvSequence>> contexts_;  // kCausalCross: the context's
-  // kCausalCross until its first run: the context rows, projected there (on the compute thread).
+  // kCausalCross until its first run: the context rows, projected there.
   std::vector<std::vector<float>> pending_context_;
 };
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -442,6 +443,106 @@ TEST(RunCostTest, LearnsTheFixedAndPerTokenPartsOfARun) {
   for (int i = 0; i < 10; ++i) same.Observe(100, 1e-3);
   EXPECT_NEAR(same.Estimate(100), 1e-3, 1e-9);
   EXPECT_NEAR(same.Estimate(200), 2e-3, 1e-9);
+}
+
+// A queue the test drives by hand: ready when told, its runs recording their thread and, when
+// `hold` is set, waiting in RunNext until released.
+class HandQueue final : public RunQueue {
+ public:
+  Clock::time_point ReadyAt(Clock::time_point now) const override {
+    std::lock_guard lock(mu_);
+    return ready_ ? now : Clock::time_point::max();
+  }
+  void RunNext(Clock::time_point /*now*/) override {
+    std::unique_lock lock(mu_);
+    ready_ = false;
+    threads_.push_back(std::this_thread::get_id());
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return !hold_; });
+    std::function<void()> during = during_;
+    lock.unlock();  // `during` takes the executor's lock, which is taken before ours
+    if (during) during();
+  }
+  void SetReady() {
+    std::lock_guard lock(mu_);
+    ready_ = true;
+  }
+  void Hold(bool hold) {
+    std::lock_guard lock(mu_);
+    hold_ = hold;
+    cv_.notify_all();
+  }
+  void AtRun(std::function<void()> f) {
+    std::lock_guard lock(mu_);
+    during_ = std::move(f);
+  }
+  bool WaitRuns(size_t n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, seconds(10), [&] { return threads_.size() >= n; });
+  }
+  std::vector<std::thread::id> threads() const {
+    std::lock_guard lock(mu_);
+    return threads_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool ready_ = false, hold_ = false;
+  std::vector<std::thread::id> threads_;
+  std::function<void()> during_;
+};
+
+TEST(ComputeExecutorTest, ARunGoesInlineOnlyWhileTheExecutorIsIdleAndNoOtherQueueIsReady) {
+  ComputeExecutor executor(1);
+  HandQueue mine, other;
+  executor.Add(&mine);
+  executor.Add(&other);
+  const std::thread::id here = std::this_thread::get_id();
+
+  // Idle: the run happens here, before TryRunInline returns.
+  mine.SetReady();
+  ASSERT_TRUE(executor.TryRunInline(&mine));
+  ASSERT_EQ(mine.threads().size(), 1u);
+  EXPECT_EQ(mine.threads()[0], here);
+
+  // Another model has a run ready (not yet taken): it goes first, on the compute thread.
+  other.SetReady();
+  mine.SetReady();
+  EXPECT_FALSE(executor.TryRunInline(&mine));
+  executor.Notify();
+  ASSERT_TRUE(other.WaitRuns(1));
+  ASSERT_TRUE(mine.WaitRuns(2));
+  EXPECT_NE(other.threads()[0], here);
+  EXPECT_NE(mine.threads()[1], here);
+
+  // While the compute thread runs, nothing runs inline beside it.
+  other.Hold(true);
+  other.SetReady();
+  executor.Notify();
+  ASSERT_TRUE(other.WaitRuns(2));
+  EXPECT_FALSE(executor.TryRunInline(&mine));
+  other.Hold(false);
+  // (Until the compute thread is done with it: a queue of no model's, run inline once idle.)
+  HandQueue probe;
+  const auto until = std::chrono::steady_clock::now() + seconds(10);
+  while (!executor.TryRunInline(&probe) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_EQ(probe.threads().size(), 1u);
+
+  // What is queued during an inline run goes to the compute thread once it ends.
+  mine.AtRun([&] {
+    other.SetReady();
+    executor.Notify();
+  });
+  mine.SetReady();
+  ASSERT_TRUE(executor.TryRunInline(&mine));
+  mine.AtRun(nullptr);
+  ASSERT_TRUE(other.WaitRuns(3));
+  EXPECT_NE(other.threads()[2], here);
+  executor.Remove(&mine);
+  executor.Remove(&other);
 }
 
 }  // namespace

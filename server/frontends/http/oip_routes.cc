@@ -87,7 +87,7 @@ void Reply(HttpExchange& exchange, absl::string_view model, int64_t version,
 }
 
 // A step of a sequence's session (sequence_step.h), run on the connection's thread until
-// the compute thread answers it.
+// it is answered (by the compute thread, or here when it ran inline).
 absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
                              const HttpExchange& exchange, HttpInferCall& call) {
   DecodedHttpInfer& decoded = call.decoded();

@@ -32,8 +32,8 @@ class ProtoSequenceStep {
                     const inference::ModelInferRequest* request, SequenceParams params,
                     inference::ModelInferResponse* response);
 
-  // Runs the step; `done` runs once with its status, on this thread when the step is refused,
-  // else on the compute thread.
+  // Runs the step; `done` runs once with its status, on this thread when the step is refused
+  // or ran inline (Session::Step), else on the compute thread.
   void Run(std::function<void(absl::Status)> done);
 
  private:

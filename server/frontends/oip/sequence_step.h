@@ -49,7 +49,7 @@ class SequenceStep {
   SequenceStep(Admission* admission, SequenceTable* table) : admission_(admission), table_(table) {}
 
   // Runs `request` (which outlives the step); `done` runs once with its status, on this thread
-  // when the step is refused, else on the compute thread.
+  // when the step is refused or ran inline (Session::Step), else on the compute thread.
   void Run(const SequenceRequest& request, std::function<void(absl::Status)> done);
 
  private:
