@@ -34,6 +34,11 @@ void ComputeExecutor::Notify() {
   {
     std::lock_guard lock(mu_);
     changed_ = true;
+    // During an inline run the thread could take nothing: it is woken when that run ends.
+    if (inline_) {
+      notified_inline_ = true;
+      return;
+    }
   }
   cv_.notify_one();
 }
@@ -47,15 +52,20 @@ bool ComputeExecutor::TryRunInline(RunQueue* queue) {
       if (other != queue && other->ReadyAt(now) <= now) return false;
     }
     running_ = queue;
+    inline_ = true;
+    notified_inline_ = false;
   }
   queue->RunNext(now);
+  bool changed;
   {
     std::lock_guard lock(mu_);
     running_ = nullptr;
-    changed_ = true;  // what was queued meanwhile waits for the compute thread
+    inline_ = false;
+    changed = notified_inline_;  // a Notify, or this thread waiting to look again
   }
   idle_cv_.notify_all();
-  cv_.notify_one();
+  // What was queued meanwhile goes to the compute thread; when nothing was, it sleeps on.
+  if (changed) cv_.notify_one();
   return true;
 }
 
@@ -70,7 +80,8 @@ void ComputeExecutor::Loop() {
     Clock::time_point wake = Clock::time_point::max();
     const size_t count = queues_.size();
     RunQueue* chosen = nullptr;
-    // While a run goes on inline (TryRunInline), this thread waits for its end (Notify).
+    // While a run goes on inline (TryRunInline), this thread waits for its end to look again.
+    if (inline_) notified_inline_ = true;
     for (size_t i = 0; i < count && running_ == nullptr && chosen == nullptr; ++i) {
       RunQueue* queue = queues_[(next_ + i) % count];
       const Clock::time_point ready = queue->ReadyAt(now);

@@ -62,6 +62,8 @@ class ComputeExecutor {
   bool changed_ = false;           // guarded by mu_
   bool stop_ = false;              // guarded by mu_
   RunQueue* running_ = nullptr;    // guarded by mu_: Remove waits while it runs (here or inline)
+  bool inline_ = false;            // guarded by mu_: running_ runs on a TryRunInline caller
+  bool notified_inline_ = false;   // guarded by mu_: the thread is to look again when it ends
   std::condition_variable idle_cv_;
   std::thread thread_;
 };
