@@ -15,7 +15,7 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
 - recompute: the same generation done by Forward over the whole prefix each step, one
   sequence, 768-wide, prompts 128, 512 and 2048 (target >= 20x at 512);
 - server CPU (/proc/PID/stat utime + stime) per 1-token streamed step / per unary 1x1 Forward
-  (target <= 0.6);
+  (target <= 0.6), beside the same ratio for gRPC alone (grpc_floor.cc, an echo server);
 - step latency p99 of 32 sessions with and without 4096-token prompts arriving (chunked
   prefill; target <= 2x);
 - peer: the same session workload (768-wide, 64 streams of one sequence and one stream of
@@ -215,6 +215,63 @@ def cpu_ratio(server, bench, model, quick):
     return rows
 
 
+def grpc_floor(build, workdir, messages, per_stream=129):
+    """gRPC's own server CPU per streamed message and per unary call, one in flight: grpc_floor.cc
+    (a callback server, as attnserve's, that only echoes bytes) with 1 KiB messages, a demo
+    step's size, through grpcio; streams of `per_stream` messages, as cpu_ratio's sessions."""
+    import queue
+    import grpc
+    port_file = os.path.join(workdir, "grpc-floor-port")
+    if os.path.exists(port_file):
+        os.remove(port_file)
+    proc = subprocess.Popen([os.path.join(build, "tests", "bench", "grpc_floor"),
+                             "--port-file", port_file])
+    try:
+        deadline = time.time() + 30
+        while not (os.path.exists(port_file) and open(port_file).read().endswith("\n")):
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("grpc_floor did not start")
+            time.sleep(0.05)
+        channel = grpc.insecure_channel(f"127.0.0.1:{open(port_file).read().strip()}")
+
+        def cpu():
+            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+        payload = bytes(1024)
+        unary = channel.unary_unary("/floor/Unary")
+        stream = channel.stream_stream("/floor/Stream")
+
+        def streams(count):
+            for _ in range(count // per_stream):
+                requests = queue.Queue()
+                answers = stream(iter(requests.get, None))
+                for _ in range(per_stream):
+                    requests.put(payload)
+                    next(answers)
+                requests.put(None)
+                for _ in answers:
+                    pass
+
+        for _ in range(200):
+            unary(payload)
+        streams(per_stream)
+        before = cpu()
+        for _ in range(messages):
+            unary(payload)
+        unary_cpu = (cpu() - before) / messages
+        before = cpu()
+        streams(messages)
+        stream_cpu = (cpu() - before) / (messages // per_stream * per_stream)
+        channel.close()
+    finally:
+        proc.terminate()
+        proc.wait()
+    print(f"  gRPC alone (grpc_floor): {stream_cpu * 1e6:.1f} us per streamed message, "
+          f"{unary_cpu * 1e6:.1f} us per unary call -> {stream_cpu / unary_cpu:.2f}", flush=True)
+    return stream_cpu, unary_cpu
+
+
 def prefill_p99(bench, model, steps):
     """Step p99 of 32 sessions alone, then with 4096-token prompts arriving all the while."""
     alone = bench.decode(model, 32, 1, 128, steps)["decode"]["inter_token_latency_ms"]["p99"]
@@ -290,6 +347,7 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
                 table["recompute"] = recompute_rows(bench, "wide", [128, 512, 2048], steps)
                 print("serving cost (demo layer):", flush=True)
                 table["cpu"] = cpu_ratio(server, bench, "demo", args.quick)
+                table["floor"] = grpc_floor(args.build, workdir, 1032 if args.quick else 4128)
                 print("chunked prefill (768-wide, 32 sessions):", flush=True)
                 table["prefill"] = prefill_p99(bench, "wide", 2 * steps)
         finally:
@@ -310,6 +368,10 @@ def print_other_rows(table):
         print(f"| server CPU per streamed 1-token step / per unary 1x1 Forward, {in_flight} in "
               f"flight | {step_cpu * 1e6:.1f} us / {forward_cpu * 1e6:.1f} us = "
               f"{step_cpu / forward_cpu:.2f} | <= 0.6 |")
+    stream_cpu, unary_cpu = table["floor"]
+    print(f"| gRPC alone: server CPU per streamed message / per unary call, 1 in flight | "
+          f"{stream_cpu * 1e6:.1f} us / {unary_cpu * 1e6:.1f} us = {stream_cpu / unary_cpu:.2f} "
+          f"| (floor) |")
     alone, busy = table["prefill"]
     print(f"| step p99 of 32 sessions with / without 4096-token prompts | "
           f"{busy:.2f} / {alone:.2f} ms = {busy / alone:.2f}x | <= 2x |")
