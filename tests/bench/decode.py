@@ -217,56 +217,29 @@ def cpu_ratio(server, bench, model, quick):
 
 def grpc_floor(build, workdir, messages, per_stream=129):
     """gRPC's own server CPU per streamed message and per unary call, one in flight: grpc_floor.cc
-    (a callback server, as attnserve's, that only echoes bytes) with 1 KiB messages, a demo
-    step's size, through grpcio; streams of `per_stream` messages, as cpu_ratio's sessions."""
-    import queue
-    import grpc
+    (a callback server, as attnserve's, that only echoes bytes) driven by its own C++ client
+    (--drive, gRPC's generic stub) with 1 KiB messages, a demo step's size; streams of
+    `per_stream` messages, as cpu_ratio's sessions."""
+    binary = os.path.join(build, "tests", "bench", "grpc_floor")
     port_file = os.path.join(workdir, "grpc-floor-port")
     if os.path.exists(port_file):
         os.remove(port_file)
-    proc = subprocess.Popen([os.path.join(build, "tests", "bench", "grpc_floor"),
-                             "--port-file", port_file])
+    proc = subprocess.Popen([binary, "--port-file", port_file])
     try:
         deadline = time.time() + 30
         while not (os.path.exists(port_file) and open(port_file).read().endswith("\n")):
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError("grpc_floor did not start")
             time.sleep(0.05)
-        channel = grpc.insecure_channel(f"127.0.0.1:{open(port_file).read().strip()}")
-
-        def cpu():
-            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-        payload = bytes(1024)
-        unary = channel.unary_unary("/floor/Unary")
-        stream = channel.stream_stream("/floor/Stream")
-
-        def streams(count):
-            for _ in range(count // per_stream):
-                requests = queue.Queue()
-                answers = stream(iter(requests.get, None))
-                for _ in range(per_stream):
-                    requests.put(payload)
-                    next(answers)
-                requests.put(None)
-                for _ in answers:
-                    pass
-
-        for _ in range(200):
-            unary(payload)
-        streams(per_stream)
-        before = cpu()
-        for _ in range(messages):
-            unary(payload)
-        unary_cpu = (cpu() - before) / messages
-        before = cpu()
-        streams(messages)
-        stream_cpu = (cpu() - before) / (messages // per_stream * per_stream)
-        channel.close()
+        out = subprocess.run([binary, "--drive", f"127.0.0.1:{open(port_file).read().strip()}",
+                              "--pid", str(proc.pid), "--messages", str(messages),
+                              "--per-stream", str(per_stream)],
+                             check=True, capture_output=True, text=True).stdout
     finally:
         proc.terminate()
         proc.wait()
+    r = json.loads(out)
+    stream_cpu, unary_cpu = r["stream_message_cpu_us"] / 1e6, r["unary_cpu_us"] / 1e6
     print(f"  gRPC alone (grpc_floor): {stream_cpu * 1e6:.1f} us per streamed message, "
           f"{unary_cpu * 1e6:.1f} us per unary call -> {stream_cpu / unary_cpu:.2f}", flush=True)
     return stream_cpu, unary_cpu
