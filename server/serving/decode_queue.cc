@@ -39,10 +39,14 @@ void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(abs
   const size_t sequences = args.tokens.size();
   Pending step{session, std::move(args), std::move(done), std::vector<int64_t>(sequences, 0), false,
                false};
-  int64_t reads;
+  // A step alone and small enough for one thread (Layer::Decode runs it serially) runs here
+  // when the compute thread is idle: two thread hand-offs cost more than such a step. (Decided
+  // before it is queued: once queued, it may be answered, and its session gone, at any time.)
+  bool serial;
   {
     std::lock_guard session_lock(session->mu_);
-    reads = Reads(step);
+    serial = static_cast<double>(Reads(step)) * 4 * session->layer()->spec().inner() <
+             core::kSerialFlops;
   }
   bool queued = false, alone = false;
   {
@@ -57,10 +61,6 @@ void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(abs
     step.done(absl::UnavailableError("the server is shutting down"));
     return;
   }
-  // A step alone and small enough for one thread (Layer::Decode runs it serially) runs here
-  // when the compute thread is idle: two thread hand-offs cost more than such a step.
-  const bool serial =
-      static_cast<double>(reads) * 4 * session->layer()->spec().inner() < core::kSerialFlops;
   if (alone && serial && executor_->TryRunInline(this)) return;
   executor_->Notify();
 }
