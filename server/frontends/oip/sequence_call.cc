@@ -71,6 +71,7 @@ void ProtoSequenceStep::Run(std::function<void(absl::Status)> done) {
 
 StreamInferCall::StreamInferCall(Admission* admission, SequenceTable* table)
     : admission_(admission), table_(table) {
+  { std::lock_guard lock(mu_); }  // the members' construction, before any reaction
   StartRead(&request_);
 }
 
@@ -79,7 +80,10 @@ void StreamInferCall::OnReadDone(bool ok) {
     Finish(grpc::Status::OK);
     return;
   }
-  response_.Clear();
+  {
+    std::lock_guard lock(mu_);
+    response_.Clear();
+  }
   absl::StatusOr<std::optional<SequenceParams>> params = ReadSequenceParams(request_);
   if (params.ok() && !params->has_value()) {
     params = absl::InvalidArgumentError(
@@ -89,27 +93,43 @@ void StreamInferCall::OnReadDone(bool ok) {
     Answer(params.status());
     return;
   }
-  step_ = std::make_unique<ProtoSequenceStep>(admission_, table_, &request_, **params,
-                                              response_.mutable_infer_response());
-  step_->Run([this](absl::Status status) { Answer(status); });
+  ProtoSequenceStep* step;
+  {
+    std::lock_guard lock(mu_);
+    step_ = std::make_unique<ProtoSequenceStep>(admission_, table_, &request_, **params,
+                                                response_.mutable_infer_response());
+    step = step_.get();
+  }
+  step->Run([this](absl::Status status) { Answer(status); });
 }
 
 void StreamInferCall::Answer(const absl::Status& status) {
-  if (!status.ok()) {
-    response_.clear_infer_response();
-    response_.set_error_message(
-        absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
+  {
+    std::lock_guard lock(mu_);  // the step's answer (any thread) before the next read's Clear
+    if (!status.ok()) {
+      response_.clear_infer_response();
+      response_.set_error_message(
+          absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
+    }
   }
   StartWrite(&response_);
 }
 
 void StreamInferCall::OnWriteDone(bool ok) {
-  step_.reset();
+  {
+    std::lock_guard lock(mu_);
+    step_.reset();
+  }
   if (!ok) {
     Finish(grpc::Status::OK);
     return;
   }
   StartRead(&request_);
+}
+
+void StreamInferCall::OnDone() {
+  { std::lock_guard lock(mu_); }
+  delete this;
 }
 
 SequenceInferCall::SequenceInferCall(Admission* admission, SequenceTable* table,
@@ -118,6 +138,7 @@ SequenceInferCall::SequenceInferCall(Admission* admission, SequenceTable* table,
     : request_(std::move(request)),
       response_bytes_(response_bytes),
       step_(admission, table, request_.get(), std::move(params), &response_) {
+  { std::lock_guard lock(mu_); }  // the members' construction, before OnDone
   step_.Run([this](absl::Status status) {
     grpc::Status reply = ToGrpcStatus(status);
     if (status.ok()) {
@@ -125,8 +146,14 @@ SequenceInferCall::SequenceInferCall(Admission* admission, SequenceTable* table,
       reply = grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(
           response_, response_bytes_, &own_buffer);
     }
+    { std::lock_guard lock(mu_); }  // the reply's writes, before OnDone
     Finish(reply);
   });
+}
+
+void SequenceInferCall::OnDone() {
+  { std::lock_guard lock(mu_); }
+  delete this;
 }
 
 }  // namespace attnserve::server

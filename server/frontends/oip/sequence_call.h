@@ -53,7 +53,7 @@ class StreamInferCall final : public grpc::ServerBidiReactor<inference::ModelInf
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
-  void OnDone() override { delete this; }
+  void OnDone() override;
 
  private:
   void Answer(const absl::Status& status);
@@ -62,7 +62,10 @@ class StreamInferCall final : public grpc::ServerBidiReactor<inference::ModelInf
   SequenceTable* const table_;
   inference::ModelInferRequest request_;
   inference::ModelStreamInferResponse response_;
-  std::unique_ptr<ProtoSequenceStep> step_;
+  // gRPC orders the reactions (the constructor, each read and write, OnDone) inside itself, out
+  // of a thread sanitizer's sight; each takes this lock so that the order is visible to it too.
+  std::mutex mu_;
+  std::unique_ptr<ProtoSequenceStep> step_;  // guarded by mu_
 };
 
 // ModelInfer for a sequence step: a unary call answered when the step has run.
@@ -73,9 +76,12 @@ class SequenceInferCall final : public grpc::ServerUnaryReactor {
                     std::unique_ptr<inference::ModelInferRequest> request, SequenceParams params,
                     grpc::ByteBuffer* response_bytes);
 
-  void OnDone() override { delete this; }
+  void OnDone() override;
 
  private:
+  // As StreamInferCall's: the constructor (which may answer the step inline) and OnDone run on
+  // threads gRPC orders out of a thread sanitizer's sight; both take this lock.
+  std::mutex mu_;
   std::unique_ptr<inference::ModelInferRequest> request_;
   inference::ModelInferResponse response_;
   grpc::ByteBuffer* const response_bytes_;
