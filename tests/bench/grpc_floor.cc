@@ -9,15 +9,12 @@
 //   grpc_floor --listen 127.0.0.1:0 --port-file FILE
 //   grpc_floor --drive 127.0.0.1:PORT --pid SERVER_PID [--messages 4128] [--per-stream 129]
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -25,6 +22,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "tests/bench/proc_cpu.h"
 
 namespace {
 
@@ -61,19 +59,6 @@ class EchoService final : public grpc::CallbackGenericService {
     return new Echo(context->method() == "/floor/Unary");
   }
 };
-
-// utime + stime of `pid`, in seconds.
-double CpuSeconds(int pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  std::istringstream fields(text.substr(text.rfind(')') + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i >= 14) ticks += std::stod(field);
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
 
 // One stream: writes a message, waits for its echo, `count` times, then closes.
 class PingPong final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
@@ -139,12 +124,13 @@ int Drive(const std::string& target, int pid, int messages, int per_stream) {
     std::fprintf(stderr, "grpc_floor: calls to %s failed\n", target.c_str());
     return 1;
   }
-  double before = CpuSeconds(pid);
+  double before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
   unary(messages);
-  const double unary_cpu = (CpuSeconds(pid) - before) / messages;
-  before = CpuSeconds(pid);
+  const double unary_cpu = (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) / messages;
+  before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
   streams(messages);
-  const double stream_cpu = (CpuSeconds(pid) - before) / (messages / per_stream * per_stream);
+  const double stream_cpu = (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) /
+                            (messages / per_stream * per_stream);
   std::printf("{\"unary_cpu_us\": %.2f, \"stream_message_cpu_us\": %.2f}\n", unary_cpu * 1e6,
               stream_cpu * 1e6);
   return 0;

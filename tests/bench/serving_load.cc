@@ -7,8 +7,6 @@
 //   serving_load --target 127.0.0.1:50051 --pid PID --method forward|infer|health --batch 1
 //                --seq 16 --callers 8 --seconds 5
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -16,11 +14,9 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,29 +28,11 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "inference/grpc_service.pb.h"
+#include "tests/bench/proc_cpu.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// utime + stime of `pid`, in seconds. Exits with a message when there is no such process (the
-// server died or the pid is wrong): its CPU per call would be meaningless.
-double CpuSeconds(int pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const size_t name_end = text.rfind(')');
-  if (name_end == std::string::npos || name_end + 2 > text.size()) {
-    std::fprintf(stderr, "serving_load: no process %d (--pid) to read the CPU time of\n", pid);
-    std::exit(2);
-  }
-  std::istringstream fields(text.substr(name_end + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(field);
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
 
 struct Options {
   std::string target, method = "forward", kind = "bidirectional", model;
@@ -237,13 +215,13 @@ int main(int argc, char** argv) {
   Load load(channel, method, body);
   load.Start(o.callers);
   std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup));
-  const double cpu0 = o.pid ? CpuSeconds(o.pid) : 0;
+  const double cpu0 = o.pid ? attnserve::bench::CpuSeconds(o.pid, "serving_load") : 0;
   const auto t0 = Clock::now();
   load.Measure(true);
   std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
   load.Measure(false);
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double cpu1 = o.pid ? CpuSeconds(o.pid) : 0;
+  const double cpu1 = o.pid ? attnserve::bench::CpuSeconds(o.pid, "serving_load") : 0;
   load.Stop();
 
   const std::map<std::string, int64_t> codes = load.codes();
