@@ -82,6 +82,17 @@ def write_wide_layer(path, d=768, heads=12):
                       "out_proj.bias": rng.standard_normal(d) * 0.02}, num_heads=heads)
 
 
+def wait_for_port(proc, port_file, what, log=None, timeout=120):
+    """Waits until `proc` has written its port (a line) to `port_file`; returns the port. Raises,
+    with `what` and the log's text, if it exits or takes longer than `timeout` seconds."""
+    deadline = time.time() + timeout
+    while not (os.path.exists(port_file) and open(port_file).read().endswith("\n")):
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"{what} did not start: {open(log).read() if log else ''}")
+        time.sleep(0.05)
+    return int(open(port_file).read())
+
+
 class Server:
     def __init__(self, binary, workdir, models, extra):
         self.port = free_port()
@@ -91,11 +102,7 @@ class Server:
                 "--metrics-listen", "off", "--http-listen", "off", "--log-level", "warn"]
         argv += [f"--model={m}" for m in models] + list(extra)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while not (os.path.exists(port_file) and open(port_file).read().endswith("\n")):
-            if self.proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"attnserve did not start: {open(self.log.name).read()}")
-            time.sleep(0.1)
+        wait_for_port(self.proc, port_file, "attnserve", self.log.name)
         self.target = f"127.0.0.1:{self.port}"
 
     def cpu_seconds(self):
@@ -121,11 +128,7 @@ class PeerServer(Server):
                 "--name", name, "--port", str(self.port), "--port-file", port_file,
                 "--build", build]
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while not (os.path.exists(port_file) and open(port_file).read().endswith("\n")):
-            if self.proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"the PyTorch peer did not start: {open(self.log.name).read()}")
-            time.sleep(0.1)
+        wait_for_port(self.proc, port_file, "the PyTorch peer", self.log.name)
         self.target = f"127.0.0.1:{self.port}"
 
 
@@ -226,12 +229,8 @@ def grpc_floor(build, workdir, messages, per_stream=129):
         os.remove(port_file)
     proc = subprocess.Popen([binary, "--port-file", port_file])
     try:
-        deadline = time.time() + 30
-        while not (os.path.exists(port_file) and open(port_file).read().endswith("\n")):
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("grpc_floor did not start")
-            time.sleep(0.05)
-        out = subprocess.run([binary, "--drive", f"127.0.0.1:{open(port_file).read().strip()}",
+        port = wait_for_port(proc, port_file, "grpc_floor", timeout=30)
+        out = subprocess.run([binary, "--drive", f"127.0.0.1:{port}",
                               "--pid", str(proc.pid), "--messages", str(messages),
                               "--per-stream", str(per_stream)],
                              check=True, capture_output=True, text=True).stdout
