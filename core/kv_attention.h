@@ -25,7 +25,8 @@ struct KvQuery {
 };
 
 // out = softmax(q K^T * scale) V per head, for every query, in parallel (OpenMP) over queries
-// and heads.
+// (all heads of a query together, so that each cached block is read as one stream; fewer heads
+// a task when there are too few queries to share among the threads).
 // Runs on the widest kernel this CPU has (AVX-512, AVX2 with FMA, portable), or the portable one
 // under ATTNSERVE_ATTENTION_KERNEL=portable.
 void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,

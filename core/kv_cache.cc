@@ -17,9 +17,24 @@ bool KvCacheBudget::TryCharge(int64_t bytes) {
   return true;
 }
 
-KvSequence::KvSequence(int64_t width, KvPrecision precision, KvCacheBudget* budget,
-                       std::atomic<int64_t>* bytes_counter)
-    : width_(width), precision_(precision), budget_(budget), bytes_counter_(bytes_counter) {}
+namespace {
+
+// Blocks start on a cache line, and so does each head's part (head_bytes is a multiple of 64).
+constexpr std::align_val_t kBlockAlignment{64};
+
+}  // namespace
+
+void KvSequence::AlignedDelete::operator()(unsigned char* p) const {
+  ::operator delete[](p, kBlockAlignment);
+}
+
+KvSequence::KvSequence(int64_t width, int64_t head_dim, KvPrecision precision,
+                       KvCacheBudget* budget, std::atomic<int64_t>* bytes_counter)
+    : width_(width),
+      head_dim_(head_dim),
+      precision_(precision),
+      budget_(budget),
+      bytes_counter_(bytes_counter) {}
 
 KvSequence::~KvSequence() { FreeBlocksFrom(0); }
 
@@ -30,7 +45,10 @@ int64_t KvSequence::block_bytes() const {
 
 int64_t KvSequence::bytes() const { return static_cast<int64_t>(blocks_.size()) * block_bytes(); }
 
-const void* KvSequence::values(int64_t b) const { return blocks_[b].get() + block_bytes() / 2; }
+int64_t KvSequence::head_bytes() const {
+  const int64_t element = precision_ == KvPrecision::kBF16 ? 2 : 4;
+  return 2 * kKvBlockTokens * head_dim_ * element;
+}
 
 absl::Status KvSequence::Reserve(int64_t length) {
   const size_t needed = static_cast<size_t>((length + kKvBlockTokens - 1) / kKvBlockTokens);
@@ -44,7 +62,8 @@ absl::Status KvSequence::Reserve(int64_t length) {
   const size_t before = blocks_.size();
   try {
     while (blocks_.size() < needed) {
-      blocks_.push_back(std::unique_ptr<unsigned char[]>(new unsigned char[block_bytes()]));
+      blocks_.emplace_back(static_cast<unsigned char*>(
+          ::operator new[](static_cast<size_t>(block_bytes()), kBlockAlignment)));
     }
   } catch (const std::bad_alloc&) {
     blocks_.resize(before);
@@ -58,15 +77,22 @@ absl::Status KvSequence::Reserve(int64_t length) {
 void KvSequence::Write(int64_t position, const float* key, const float* value) {
   unsigned char* block = blocks_[position / kKvBlockTokens].get();
   const int64_t row = position % kKvBlockTokens;
-  // Keys column-major in the block ([width][kKvBlockTokens]), values row-major.
-  if (precision_ == KvPrecision::kBF16) {
-    auto* keys = reinterpret_cast<uint16_t*>(block);
-    for (int64_t c = 0; c < width_; ++c) ConvertToBf16(key + c, keys + c * kKvBlockTokens + row, 1);
-    ConvertToBf16(value, keys + (kKvBlockTokens + row) * width_, width_);
-  } else {
-    auto* keys = reinterpret_cast<float*>(block);
-    for (int64_t c = 0; c < width_; ++c) keys[c * kKvBlockTokens + row] = key[c];
-    std::memcpy(keys + (kKvBlockTokens + row) * width_, value, width_ * sizeof(float));
+  // Head by head: its keys column-major ([head_dim][kKvBlockTokens]), then its values row-major.
+  const int64_t part = kKvBlockTokens * head_dim_;  // elements of one head's keys (or values)
+  for (int64_t h = 0; h < width_ / head_dim_; ++h) {
+    const float* k = key + h * head_dim_;
+    const float* v = value + h * head_dim_;
+    if (precision_ == KvPrecision::kBF16) {
+      auto* keys = reinterpret_cast<uint16_t*>(block + h * head_bytes());
+      for (int64_t c = 0; c < head_dim_; ++c) {
+        ConvertToBf16(k + c, keys + c * kKvBlockTokens + row, 1);
+      }
+      ConvertToBf16(v, keys + part + row * head_dim_, head_dim_);
+    } else {
+      auto* keys = reinterpret_cast<float*>(block + h * head_bytes());
+      for (int64_t c = 0; c < head_dim_; ++c) keys[c * kKvBlockTokens + row] = k[c];
+      std::memcpy(keys + part + row * head_dim_, v, head_dim_ * sizeof(float));
+    }
   }
   length_ = std::max(length_, position + 1);
 }

@@ -39,13 +39,14 @@ class KvCacheBudget {
 // How a cache stores its rows: float32, or bfloat16 (half the bytes a step reads).
 enum class KvPrecision { kF32, kBF16 };
 
-// One sequence's cached keys and values: rows of `width` (the layer's inner width, all heads),
-// K and V each, in blocks. Not thread safe: its session uses it one step at a time.
+// One sequence's cached keys and values: rows of `width` (the layer's inner width, all heads of
+// `head_dim` dimensions), K and V each, in blocks. Not thread safe: its session uses it one step
+// at a time.
 class KvSequence {
  public:
   // Charges its blocks to `budget`, which outlives it; `bytes_counter` (may be null) follows
-  // the bytes it holds, e.g. a model's attnserve_kv_cache_bytes.
-  KvSequence(int64_t width, KvPrecision precision, KvCacheBudget* budget,
+  // the bytes it holds, e.g. a model's attnserve_kv_cache_bytes. `head_dim` divides `width`.
+  KvSequence(int64_t width, int64_t head_dim, KvPrecision precision, KvCacheBudget* budget,
              std::atomic<int64_t>* bytes_counter = nullptr);
   ~KvSequence();
   KvSequence(const KvSequence&) = delete;
@@ -54,6 +55,7 @@ class KvSequence {
   // Tokens cached.
   int64_t length() const { return length_; }
   int64_t width() const { return width_; }
+  int64_t head_dim() const { return head_dim_; }
   KvPrecision precision() const { return precision_; }
   // Bytes its blocks hold.
   int64_t bytes() const;
@@ -77,11 +79,13 @@ class KvSequence {
   // Blocks held.
   int64_t blocks() const { return static_cast<int64_t>(blocks_.size()); }
 
-  // Block `b`'s keys, column-major ([width][kKvBlockTokens]: the block's tokens side by side in
-  // each column, so one query's scores against a block are vector operations), and its values,
-  // row-major ([kKvBlockTokens][width]), as stored.
-  const void* keys(int64_t b) const { return blocks_[b].get(); }
-  const void* values(int64_t b) const;
+  // Head `h`'s part of block `b`: its keys, column-major ([head_dim][kKvBlockTokens]: the
+  // block's tokens side by side in each column, so one query's scores against a block are
+  // vector operations), then its values, row-major ([kKvBlockTokens][head_dim]). One head's
+  // part is contiguous (a step reads it as one stream), and starts on a cache line.
+  const void* head(int64_t b, int64_t h) const { return blocks_[b].get() + h * head_bytes(); }
+  // Bytes of one head's part of a block (keys and values).
+  int64_t head_bytes() const;
 
   // Bytes one block takes.
   int64_t block_bytes() const;
@@ -89,12 +93,17 @@ class KvSequence {
  private:
   void FreeBlocksFrom(size_t first);
 
+  struct AlignedDelete {
+    void operator()(unsigned char* p) const;
+  };
+
   const int64_t width_;
+  const int64_t head_dim_;
   const KvPrecision precision_;
   KvCacheBudget* const budget_;
   std::atomic<int64_t>* const bytes_counter_;
   int64_t length_ = 0;
-  std::vector<std::unique_ptr<unsigned char[]>> blocks_;  // keys, then values, of each block
+  std::vector<std::unique_ptr<unsigned char[], AlignedDelete>> blocks_;  // head by head
 };
 
 }  // namespace attnserve::core

@@ -63,16 +63,17 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
   const core::KvPrecision precision = options_.precision.value_or(
       layer->precision() == core::Precision::kBF16 ? core::KvPrecision::kBF16
                                                    : core::KvPrecision::kF32);
-  const int64_t width = layer->spec().inner();
+  const int64_t width = layer->spec().inner(), head_dim = layer->spec().head_dim;
   session->positions_.assign(batch, 0);
   for (int64_t b = 0; b < batch; ++b) {
-    session->caches_.push_back(
-        std::make_unique<core::KvSequence>(width, precision, &budget_, &queue->kv_bytes()));
+    session->caches_.push_back(std::make_unique<core::KvSequence>(width, head_dim, precision,
+                                                                  &budget_, &queue->kv_bytes()));
   }
   if (context != nullptr) {
     const std::vector<int64_t> offsets = context->row_offsets();
     for (int64_t b = 0; b < batch; ++b) {
-      auto kv = std::make_unique<core::KvSequence>(width, precision, &budget_, &queue->kv_bytes());
+      auto kv = std::make_unique<core::KvSequence>(width, head_dim, precision, &budget_,
+                                                   &queue->kv_bytes());
       if (absl::Status s = kv->Reserve(context->lengths[b]); !s.ok()) {
         if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kKvCache);
         return s;

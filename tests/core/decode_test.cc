@@ -66,10 +66,12 @@ class DecodeTest : public ::testing::TestWithParam<GoldenCase> {
     std::vector<Sequence> sequences(c.input.batch);
     for (int64_t b = 0; b < c.input.batch; ++b) {
       Sequence& s = sequences[b];
-      s.cache = std::make_unique<KvSequence>(layer_->spec().inner(), precision, &budget_, &bytes_);
+      const LayerSpec& spec = layer_->spec();
+      s.cache =
+          std::make_unique<KvSequence>(spec.inner(), spec.head_dim, precision, &budget_, &bytes_);
       if (c.kind != AttentionKind::kCausalCross) continue;
       s.context =
-          std::make_unique<KvSequence>(layer_->spec().inner(), precision, &budget_, &bytes_);
+          std::make_unique<KvSequence>(spec.inner(), spec.head_dim, precision, &budget_, &bytes_);
       const test::GoldenBatch& ctx = *c.context;
       const int64_t length = ctx.lengths[b];
       EXPECT_TRUE(s.context->Reserve(length).ok());
@@ -185,9 +187,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeTest, ::testing::ValuesIn(DecodeCases()
 TEST(KvCacheTest, ABudgetThatCannotTakeAStepRefusesItAndChangesNothing) {
   KvCacheBudget budget(2 * 2 * kKvBlockTokens * 8 * 4);  // two blocks of width 8, f32
   std::atomic<int64_t> bytes{0};
-  KvSequence a(8, KvPrecision::kF32, &budget, &bytes);
+  KvSequence a(8, 8, KvPrecision::kF32, &budget, &bytes);
   ASSERT_TRUE(a.Reserve(kKvBlockTokens + 1).ok());  // two blocks
-  KvSequence b(8, KvPrecision::kF32, &budget, &bytes);
+  KvSequence b(8, 8, KvPrecision::kF32, &budget, &bytes);
   const absl::Status refused = b.Reserve(1);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.message().find("--kv-cache-mib"), absl::string_view::npos);
@@ -217,7 +219,7 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
         constexpr int64_t kHeads = 3;
         const int64_t width = kHeads * head_dim;
         KvCacheBudget budget(int64_t{1} << 30);
-        KvSequence cache(width, precision, &budget);
+        KvSequence cache(width, head_dim, precision, &budget);
         constexpr int64_t kLength = 3 * kKvBlockTokens + 5;
         ASSERT_TRUE(cache.Reserve(kLength).ok());
         auto value_at = [](int64_t i, int64_t seed) {
