@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/synchronization/mutex.h"
 #include "server/observability/log_setup.h"
 #include "server/options.h"
 #include "server/server.h"
@@ -330,6 +331,10 @@ int WaitForStop(attnserve::server::Server& server, const sigset_t& signals) {
 
 int main(int argc, char** argv) {
   SleepWhileIdle(argv);
+  // Debian's abseil is built with Mutex deadlock detection on: every lock gRPC takes then
+  // updates a global lock-order graph (GraphCycles), a few percent of a decode step's CPU. The
+  // sanitizer builds and the tests keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const sigset_t signals = BlockSignals();
   CLI::App app{
       "attnserve: serves the forward pass of trained multi-head attention layers "
