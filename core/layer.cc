@@ -20,6 +20,7 @@
 #include "core/guarded.h"
 #include "core/kv_attention.h"
 #include "core/layer_limits.h"
+#include "core/small_matmul.h"
 
 namespace attnserve::core {
 namespace {
@@ -113,9 +114,15 @@ struct Projection {
   int64_t w_ld = 0;
 };
 
-// y[rows, n] = x[rows, k] W^T + b. `rows` must come from MatmulRows.
+// y[rows, n] = x[rows, k] W^T + b. `rows` must come from MatmulRows. A few f32 rows go through
+// SmallMatmul, the rest through oneDNN.
 absl::Status Project(const Projection& p, int64_t rows, const void* x, float* y,
                      ThreadScratch& scratch) {
+  if (!p.bf16 && p.w_ld != 0 && rows <= kSmallMatmulRows) {
+    SmallMatmul(rows, p.k, p.n, static_cast<const float*>(x), static_cast<const float*>(p.weights),
+                p.w_ld, p.bias, y);
+    return absl::OkStatus();
+  }
   MatmulKey key{rows >= kRuntimeRowsFrom ? DNNL_RUNTIME_DIM_VAL : rows,
                 p.k,
                 p.n,

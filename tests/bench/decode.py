@@ -195,26 +195,32 @@ def recompute_rows(bench, model, prompts, steps):
 def cpu_ratio(server, bench, model, quick):
     """Server CPU per 1-token streamed step / per unary 1x1 Forward, 1 and 16 in flight. Each
     session steps 128 times (its cache stays short: the step's attention costs next to nothing),
-    and the Forward calls are as many as the messages of the sessions (prompt and steps)."""
+    and the Forward calls are as many as the messages of the sessions (prompt and steps). Steps
+    and calls alternate three times (once with --quick), each measure over at least ~2000
+    messages a rep (/proc counts CPU in 10 ms ticks); the medians are printed."""
     rows = []
-    runs = 4 if quick else 16
+    reps = 1 if quick else 3
     steps = 128
     for in_flight in (1, 16):
-        sessions_per_run = in_flight
-        before = server.cpu_seconds()
-        messages = 0
-        for _ in range(max(1, runs // in_flight) if in_flight > 1 else runs):
-            messages += bench.decode(model, sessions_per_run, 1, 1, steps)["sent"]
-        step_cpu = (server.cpu_seconds() - before) / messages
-        before = server.cpu_seconds()
-        r = bench.run("--model", model, "--kind", "causal", "--random", "1,1", "--requests",
-                      messages, "--duration", 0, "-c", in_flight, "--warmup-seconds", 0,
-                      "--warmup", 0)
-        forward_cpu = (server.cpu_seconds() - before) / r["ok"]
+        runs = (4 if quick else 16) if in_flight == 1 else (1 if quick else 8)
+        step_cpus, forward_cpus = [], []
+        for _ in range(reps):
+            before = server.cpu_seconds()
+            messages = 0
+            for _ in range(runs):
+                messages += bench.decode(model, in_flight, 1, 1, steps)["sent"]
+            step_cpus.append((server.cpu_seconds() - before) / messages)
+            before = server.cpu_seconds()
+            r = bench.run("--model", model, "--kind", "causal", "--random", "1,1", "--requests",
+                          messages, "--duration", 0, "-c", in_flight, "--warmup-seconds", 0,
+                          "--warmup", 0)
+            forward_cpus.append((server.cpu_seconds() - before) / r["ok"])
+        step_cpu = sorted(step_cpus)[len(step_cpus) // 2]
+        forward_cpu = sorted(forward_cpus)[len(forward_cpus) // 2]
         rows.append((in_flight, step_cpu, forward_cpu))
         print(f"  server CPU, {in_flight:2d} in flight: {step_cpu * 1e6:.1f} us per streamed "
               f"1-token step, {forward_cpu * 1e6:.1f} us per unary 1x1 Forward -> "
-              f"{step_cpu / forward_cpu:.2f}", flush=True)
+              f"{step_cpu / forward_cpu:.2f} (medians of {reps})", flush=True)
     return rows
 
 
