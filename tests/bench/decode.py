@@ -12,6 +12,9 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
   reads (2 * inner * element bytes * mean cached length) -> max tokens/s; and the sessions'
   tokens/s (64 streams of one sequence, one stream of B = 64; prompt 512 and 4096, 128 steps
   of 1 token), as a ratio to it (target >= 0.6 on the 768-wide layer);
+- the ceiling with the load tester on the same cores (prompt 512, 768-wide): per token, the
+  client's CPU, gRPC's own server CPU per message (grpc_floor) and the attention's memory time
+  on every core must fit in the cores' time; the sessions' tokens/s as a share of that;
 - recompute: the same generation done by Forward over the whole prefix each step, one
   sequence, 768-wide, prompts 128, 512 and 2048 (target >= 20x at 512);
 - server CPU (/proc/PID/stat utime + stime) per 1-token streamed step / per unary 1x1 Forward
@@ -27,6 +30,7 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
 import argparse
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -175,6 +179,41 @@ def ceiling_rows(bench, bandwidth, models, element_bytes, lengths, steps, label)
     return rows
 
 
+def shared_cores_rows(server, bench, bandwidth, floor_message_cpu, name, inner, element_bytes,
+                      prompt, n, steps):
+    """The same machine also runs the load tester, and each streamed message costs gRPC its own
+    server CPU: with 64 streams of one sequence these take cores from the memory-bound attention.
+    Per token, the two cores must give the client's CPU (measured: a run of `steps` less a run of
+    one step, so the prefill cancels), gRPC's floor per message (grpc_floor) and the attention's
+    memory time on both cores; tokens/s <= cores / their sum. Printed beside the sessions'
+    tokens/s, for n streams of B = 1 and one stream of B = n, with the server's CPU per token."""
+    cores = os.cpu_count()
+    memory_cpu = cores * 2 * inner * element_bytes * (prompt + steps / 2) / bandwidth
+    rows = []
+    for sessions, batch in ((n, 1), (1, n)):
+        cpu = {}
+        for k in (1, steps):
+            client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            server_before = server.cpu_seconds()
+            r = bench.decode(name, sessions, batch, prompt, k)
+            client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[k] = (server.cpu_seconds() - server_before,
+                      client_after.ru_utime + client_after.ru_stime - client_before.ru_utime -
+                      client_before.ru_stime, r["decode"]["tokens_per_second"])
+        tokens = sessions * batch * (steps - 1)
+        server_cpu = (cpu[steps][0] - cpu[1][0]) / tokens
+        client_cpu = (cpu[steps][1] - cpu[1][1]) / tokens
+        ceiling = cores / (client_cpu + floor_message_cpu / batch + memory_cpu)
+        tps = cpu[steps][2]
+        rows.append((name, prompt, f"{sessions}x B={batch}", tps, ceiling, server_cpu, client_cpu))
+        print(f"  shared cores: {name} prompt {prompt} {sessions:2d} sessions x B={batch:2d}: "
+              f"{tps:9.0f} tokens/s; per token: server CPU {server_cpu * 1e6:.0f} us, client CPU "
+              f"{client_cpu * 1e6:.0f} us, gRPC floor {floor_message_cpu / batch * 1e6:.1f} us, "
+              f"memory {memory_cpu * 1e6:.0f} us of {cores} cores -> ceiling {ceiling:9.0f} "
+              f"tokens/s, {tps / ceiling:.3f} of it", flush=True)
+    return rows
+
+
 def recompute_rows(bench, model, prompts, steps):
     """One sequence generating `steps` tokens: a session vs Forward over the prefix each step."""
     rows = []
@@ -310,6 +349,8 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
     print(f"  {bandwidth / 1e9:.2f} GB/s (read + write)", flush=True)
     models = [("demo", 256), ("wide", 768)]
     table["bandwidth"] = bandwidth
+    print("gRPC's own floor:", flush=True)
+    table["floor"] = grpc_floor(args.build, workdir, 1032 if args.quick else 4128)
     specs = ["demo=built-in", f"wide={layer}:num_heads=12"]
     for precision, element_bytes in (("f32", 4), ("bf16", 2)):
         server = Server(server_bin, workdir, specs,
@@ -321,11 +362,15 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
                                                          element_bytes, lengths, steps,
                                                          precision)
             if precision == "f32":
+                print("the ceiling with the load tester on the same cores (768-wide, f32):",
+                      flush=True)
+                table["shared"] = shared_cores_rows(server, bench, bandwidth, table["floor"][0],
+                                                    "wide", 768, element_bytes, lengths[0][0],
+                                                    lengths[0][1], steps)
                 print("against recompute (768-wide, one sequence):", flush=True)
                 table["recompute"] = recompute_rows(bench, "wide", [128, 512, 2048], steps)
                 print("serving cost (demo layer):", flush=True)
                 table["cpu"] = cpu_ratio(server, bench, "demo", args.quick)
-                table["floor"] = grpc_floor(args.build, workdir, 1032 if args.quick else 4128)
                 print("chunked prefill (768-wide, 32 sessions):", flush=True)
                 table["prefill"] = prefill_p99(bench, "wide", 2 * steps)
         finally:
@@ -338,6 +383,10 @@ def print_other_rows(table):
             target = ">= 0.6" if name == "wide" else "(per-message cost)"
             print(f"| {name} {precision} cache, prompt {prompt}, {how}: tokens/s / ceiling | "
                   f"{tps:.0f} / {ceiling:.0f} = {tps / ceiling:.3f} | {target} |")
+    for name, prompt, how, tps, ceiling, server_cpu, client_cpu in table["shared"]:
+        print(f"| {name} f32, prompt {prompt}, {how}: tokens/s / shared-cores ceiling (client "
+              f"{client_cpu * 1e6:.0f} us + gRPC floor + memory, per token) | {tps:.0f} / "
+              f"{ceiling:.0f} = {tps / ceiling:.3f} | (measured ceiling) |")
     for prompt, session, recompute in table["recompute"]:
         print(f"| session / recompute, 768-wide, prompt {prompt} | "
               f"{session:.0f} / {recompute:.1f} = {session / recompute:.1f}x | "
