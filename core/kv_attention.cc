@@ -15,6 +15,10 @@
 // clang vector extensions), which each flavour lowers to its own registers: one zmm, two ymm or
 // four xmm.
 
+// The helpers below pass 16-float vectors by value; they are always inlined, so GCC's note that
+// such a signature's ABI differs with and without AVX-512 concerns no call that exists.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace attnserve::core {
 namespace {
 
@@ -24,21 +28,36 @@ static_assert(kKvBlockTokens == 16, "a block's 16 keys are one 16-float vector")
 constexpr int64_t kPrefetchBlocks = 2;
 
 typedef float Floats16 __attribute__((vector_size(64)));
-typedef uint16_t Halves16 __attribute__((vector_size(32)));
 typedef uint32_t Words16 __attribute__((vector_size(64)));
+typedef int32_t Ints16 __attribute__((vector_size(64)));
 
-// 16 cached elements from `p` (unaligned), widened to f32 (bf16: the high half of an f32).
-#define ATTNSERVE_LOAD16(out, p)                                              \
-  do {                                                                        \
-    if constexpr (sizeof(*(p)) == 2) {                                        \
-      Halves16 halves_;                                                       \
-      __builtin_memcpy(&halves_, (p), sizeof(halves_));                       \
-      const Words16 words_ = __builtin_convertvector(halves_, Words16) << 16; \
-      __builtin_memcpy(&(out), &words_, sizeof(out));                         \
-    } else {                                                                  \
-      __builtin_memcpy(&(out), (p), sizeof(out));                             \
-    }                                                                         \
-  } while (0)
+// 16 floats from `p` (unaligned).
+[[gnu::always_inline]] inline Floats16 Load16(const float* p) {
+  Floats16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// A bf16 cache's 64 bytes hold 32 values as 16 pairs (two dimensions of 16 keys, or 16
+// dimensions of two rows): the first of each pair is the low half of a 32-bit lane, the second
+// the high half, and a bf16 is the high half of its f32. One shift or one mask widens 16.
+[[gnu::always_inline]] inline Words16 LoadPairs(const uint16_t* p) {
+  Words16 w;
+  __builtin_memcpy(&w, p, sizeof(w));
+  return w;
+}
+[[gnu::always_inline]] inline Floats16 First(const Words16& w) {
+  const Words16 bits = w << 16;
+  Floats16 f;
+  __builtin_memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+[[gnu::always_inline]] inline Floats16 Second(const Words16& w) {
+  const Words16 bits = w & 0xffff0000u;
+  Floats16 f;
+  __builtin_memcpy(&f, &bits, sizeof(f));
+  return f;
+}
 
 inline float Widen(float x) { return x; }
 inline float Widen(uint16_t x) {
@@ -51,7 +70,6 @@ inline float Widen(uint16_t x) {
 // x = e^x, elementwise, for -87 <= x <= 0 (scores less their maximum; below -87 it gives e^-87
 // rather than 0, a weight of 1.6e-38 against the maximum's 1), within a few ulp of std::exp.
 [[gnu::always_inline]] inline void Exp16(Floats16& x) {
-  typedef int32_t Ints16 __attribute__((vector_size(64)));
   x = x < -87.0f ? Floats16{} - 87.0f : x;
   // e^x = 2^n * e^f with n = round(x / ln 2); f = x - n ln 2 in two parts (Cody and Waite), so
   // that the reduction adds no rounding error of its own. x - 0.5 ln 2 < 0: truncation rounds.
@@ -73,6 +91,140 @@ inline float Widen(uint16_t x) {
   x = p * two_n;
 }
 
+// Elements of one head's keys in a block: bf16 keys pair dimensions, an odd last one padded.
+template <typename T>
+constexpr int64_t KeyElements(int64_t head_dim) {
+  return (sizeof(T) == 2 ? (head_dim + 1) / 2 * 2 : head_dim) * kKvBlockTokens;
+}
+
+// The 16 keys' dot products with q: keys column-major ([head_dim][16]), so one vector FMA a
+// dimension, in four independent chains.
+[[gnu::always_inline]] inline Floats16 Scores(const float* q, const float* keys, int64_t head_dim) {
+  Floats16 dots0 = {}, dots1 = {}, dots2 = {}, dots3 = {};
+  int64_t d = 0;
+  for (; d + 4 <= head_dim; d += 4) {
+    dots0 += q[d] * Load16(keys + d * kKvBlockTokens);
+    dots1 += q[d + 1] * Load16(keys + (d + 1) * kKvBlockTokens);
+    dots2 += q[d + 2] * Load16(keys + (d + 2) * kKvBlockTokens);
+    dots3 += q[d + 3] * Load16(keys + (d + 3) * kKvBlockTokens);
+  }
+  for (; d < head_dim; ++d) dots0 += q[d] * Load16(keys + d * kKvBlockTokens);
+  return (dots0 + dots1) + (dots2 + dots3);
+}
+
+// bf16 keys in dimension pairs ([head_dim / 2][16][2]): one load, a shift and a mask give two
+// dimensions of the 16 keys.
+[[gnu::always_inline]] inline Floats16 Scores(const float* q, const uint16_t* keys,
+                                              int64_t head_dim) {
+  Floats16 dots0 = {}, dots1 = {}, dots2 = {}, dots3 = {};
+  constexpr int64_t kPair = 2 * kKvBlockTokens;  // elements of one dimension pair
+  int64_t d = 0;
+  for (; d + 4 <= head_dim; d += 4) {
+    const Words16 w0 = LoadPairs(keys + d / 2 * kPair);
+    const Words16 w1 = LoadPairs(keys + (d / 2 + 1) * kPair);
+    dots0 += q[d] * First(w0);
+    dots1 += q[d + 1] * Second(w0);
+    dots2 += q[d + 2] * First(w1);
+    dots3 += q[d + 3] * Second(w1);
+  }
+  for (; d + 2 <= head_dim; d += 2) {
+    const Words16 w = LoadPairs(keys + d / 2 * kPair);
+    dots0 += q[d] * First(w);
+    dots1 += q[d + 1] * Second(w);
+  }
+  if (d < head_dim) dots0 += q[d] * First(LoadPairs(keys + d / 2 * kPair));
+  return (dots0 + dots1) + (dots2 + dots3);
+}
+
+// acc = acc * correction + sum over the block's rows of weights[r] * values[r]: f32 values
+// row-major ([16][head_dim]), four 16-dimension slices at a time, their accumulators held in
+// registers across the rows.
+[[gnu::always_inline]] inline void AddValues(const float* weights, const float* values,
+                                             int64_t rows, int64_t head_dim, float correction,
+                                             float* acc) {
+  const int64_t slices = head_dim / 16 * 16;  // dimensions in whole 16-float slices
+  int64_t c = 0;
+  for (; c + 64 <= slices; c += 64) {
+    Floats16 a0 = Load16(acc + c) * correction, a1 = Load16(acc + c + 16) * correction;
+    Floats16 a2 = Load16(acc + c + 32) * correction, a3 = Load16(acc + c + 48) * correction;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = values + r * head_dim + c;
+      a0 += weights[r] * Load16(v);
+      a1 += weights[r] * Load16(v + 16);
+      a2 += weights[r] * Load16(v + 32);
+      a3 += weights[r] * Load16(v + 48);
+    }
+    __builtin_memcpy(acc + c, &a0, sizeof(a0));
+    __builtin_memcpy(acc + c + 16, &a1, sizeof(a1));
+    __builtin_memcpy(acc + c + 32, &a2, sizeof(a2));
+    __builtin_memcpy(acc + c + 48, &a3, sizeof(a3));
+  }
+  for (; c < slices; c += 16) {
+    Floats16 a = Load16(acc + c) * correction;
+    for (int64_t r = 0; r < rows; ++r) a += weights[r] * Load16(values + r * head_dim + c);
+    __builtin_memcpy(acc + c, &a, sizeof(a));
+  }
+  for (; c < head_dim; ++c) {
+    float a = acc[c] * correction;
+    for (int64_t r = 0; r < rows; ++r) a += weights[r] * values[r * head_dim + c];
+    acc[c] = a;
+  }
+}
+
+// The same for bf16 values in row pairs ([8][head_dim][2]): one load, a shift and a mask give
+// 16 dimensions of two rows. A last odd row is read alone: the row after it was never written.
+[[gnu::always_inline]] inline void AddValues(const float* weights, const uint16_t* values,
+                                             int64_t rows, int64_t head_dim, float correction,
+                                             float* acc) {
+  const int64_t slices = head_dim / 16 * 16;
+  const int64_t pairs = rows / 2;
+  const int64_t pair_stride = 2 * head_dim;  // elements of one row pair
+  int64_t c = 0;
+  for (; c + 64 <= slices; c += 64) {
+    Floats16 a0 = Load16(acc + c) * correction, a1 = Load16(acc + c + 16) * correction;
+    Floats16 a2 = Load16(acc + c + 32) * correction, a3 = Load16(acc + c + 48) * correction;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const uint16_t* v = values + p * pair_stride + 2 * c;
+      const float we = weights[2 * p], wo = weights[2 * p + 1];
+      const Words16 w0 = LoadPairs(v), w1 = LoadPairs(v + 32);
+      const Words16 w2 = LoadPairs(v + 64), w3 = LoadPairs(v + 96);
+      a0 += we * First(w0) + wo * Second(w0);
+      a1 += we * First(w1) + wo * Second(w1);
+      a2 += we * First(w2) + wo * Second(w2);
+      a3 += we * First(w3) + wo * Second(w3);
+    }
+    if (rows % 2 != 0) {
+      const uint16_t* v = values + pairs * pair_stride + 2 * c;
+      const float we = weights[rows - 1];
+      a0 += we * First(LoadPairs(v));
+      a1 += we * First(LoadPairs(v + 32));
+      a2 += we * First(LoadPairs(v + 64));
+      a3 += we * First(LoadPairs(v + 96));
+    }
+    __builtin_memcpy(acc + c, &a0, sizeof(a0));
+    __builtin_memcpy(acc + c + 16, &a1, sizeof(a1));
+    __builtin_memcpy(acc + c + 32, &a2, sizeof(a2));
+    __builtin_memcpy(acc + c + 48, &a3, sizeof(a3));
+  }
+  for (; c < slices; c += 16) {
+    Floats16 a = Load16(acc + c) * correction;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const Words16 w = LoadPairs(values + p * pair_stride + 2 * c);
+      a += weights[2 * p] * First(w) + weights[2 * p + 1] * Second(w);
+    }
+    if (rows % 2 != 0)
+      a += weights[rows - 1] * First(LoadPairs(values + pairs * pair_stride + 2 * c));
+    __builtin_memcpy(acc + c, &a, sizeof(a));
+  }
+  for (; c < head_dim; ++c) {
+    float a = acc[c] * correction;
+    for (int64_t r = 0; r < rows; ++r) {
+      a += weights[r] * Widen(values[r / 2 * pair_stride + 2 * c + r % 2]);
+    }
+    acc[c] = a;
+  }
+}
+
 // One head's online softmax so far: the running maximum and sum, and the weighted values.
 struct HeadState {
   float running_max;
@@ -81,35 +233,13 @@ struct HeadState {
 };
 
 // One head of one query over one block's `rows` keys and values, T (float or bf16) storage,
-// folded into `state`. The 16 scores side by side (keys are column-major in a head's part of a
-// block: one vector FMA a dimension, in four independent chains), their exponentials as one
-// vector, the online softmax's rescale once, then the values four 16-dimension slices at a
-// time, the slices' accumulators held in registers across the block's rows.
+// folded into `state`: the 16 scores side by side (Scores), their exponentials as one vector,
+// the online softmax's rescale once, then the weighted values (AddValues).
 template <typename T>
 [[gnu::always_inline]] inline void AttendBlock(const float* q, const T* keys, int64_t rows,
                                                int64_t head_dim, float scale, HeadState& state) {
-  const T* values = keys + head_dim * kKvBlockTokens;
-  float* acc = state.acc;
-  const int64_t slices = head_dim / 16 * 16;  // dimensions in whole 16-float slices
-  Floats16 dots0 = {}, dots1 = {}, dots2 = {}, dots3 = {};
-  int64_t d = 0;
-  for (; d + 4 <= head_dim; d += 4) {
-    Floats16 k0, k1, k2, k3;
-    ATTNSERVE_LOAD16(k0, keys + d * kKvBlockTokens);
-    ATTNSERVE_LOAD16(k1, keys + (d + 1) * kKvBlockTokens);
-    ATTNSERVE_LOAD16(k2, keys + (d + 2) * kKvBlockTokens);
-    ATTNSERVE_LOAD16(k3, keys + (d + 3) * kKvBlockTokens);
-    dots0 += q[d] * k0;
-    dots1 += q[d + 1] * k1;
-    dots2 += q[d + 2] * k2;
-    dots3 += q[d + 3] * k3;
-  }
-  for (; d < head_dim; ++d) {
-    Floats16 k0;
-    ATTNSERVE_LOAD16(k0, keys + d * kKvBlockTokens);
-    dots0 += q[d] * k0;
-  }
-  Floats16 scores = ((dots0 + dots1) + (dots2 + dots3)) * scale;
+  const T* values = keys + KeyElements<T>(head_dim);
+  Floats16 scores = Scores(q, keys, head_dim) * scale;
   float block_max = state.running_max;
   for (int64_t r = 0; r < rows; ++r) block_max = std::max(block_max, scores[r]);
   // Rows past the visible ones hold whatever the block holds there: never used, but kept
@@ -124,56 +254,15 @@ template <typename T>
   float block_sum = 0.0f;
   for (int64_t r = 0; r < rows; ++r) block_sum += weights[r];
   state.running_sum = state.running_sum * correction + block_sum;
-  int64_t c = 0;
-  for (; c + 64 <= slices; c += 64) {
-    Floats16 a0, a1, a2, a3;
-    __builtin_memcpy(&a0, acc + c, sizeof(a0));
-    __builtin_memcpy(&a1, acc + c + 16, sizeof(a1));
-    __builtin_memcpy(&a2, acc + c + 32, sizeof(a2));
-    __builtin_memcpy(&a3, acc + c + 48, sizeof(a3));
-    a0 *= correction;
-    a1 *= correction;
-    a2 *= correction;
-    a3 *= correction;
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* v = values + r * head_dim + c;
-      Floats16 v0, v1, v2, v3;
-      ATTNSERVE_LOAD16(v0, v);
-      ATTNSERVE_LOAD16(v1, v + 16);
-      ATTNSERVE_LOAD16(v2, v + 32);
-      ATTNSERVE_LOAD16(v3, v + 48);
-      a0 += weights[r] * v0;
-      a1 += weights[r] * v1;
-      a2 += weights[r] * v2;
-      a3 += weights[r] * v3;
-    }
-    __builtin_memcpy(acc + c, &a0, sizeof(a0));
-    __builtin_memcpy(acc + c + 16, &a1, sizeof(a1));
-    __builtin_memcpy(acc + c + 32, &a2, sizeof(a2));
-    __builtin_memcpy(acc + c + 48, &a3, sizeof(a3));
-  }
-  for (; c < slices; c += 16) {
-    Floats16 a;
-    __builtin_memcpy(&a, acc + c, sizeof(a));
-    a *= correction;
-    for (int64_t r = 0; r < rows; ++r) {
-      Floats16 v;
-      ATTNSERVE_LOAD16(v, values + r * head_dim + c);
-      a += weights[r] * v;
-    }
-    __builtin_memcpy(acc + c, &a, sizeof(a));
-  }
-  for (; c < head_dim; ++c) {
-    float a = acc[c] * correction;
-    for (int64_t r = 0; r < rows; ++r) a += weights[r] * Widen(values[r * head_dim + c]);
-    acc[c] = a;
-  }
+  AddValues(weights, values, rows, head_dim, correction, state.acc);
 }
 
-// The most dimensions a group of heads spans (its accumulators live on the stack).
+// The most dimensions and heads a group of heads spans (its state lives on the stack).
 constexpr int64_t kMaxGroupDims = 1024;
+constexpr int64_t kMaxGroupHeads = 64;
 
-// One query's heads first_head .. first_head + heads - 1 (heads * head_dim <= kMaxGroupDims)
+// One query's heads first_head .. first_head + heads - 1 (heads * head_dim <= kMaxGroupDims,
+// heads <= kMaxGroupHeads)
 // over its visible keys, block by block: the group's parts of a block lie side by side, so
 // each block is read as one stream, and the blocks ahead are asked for while it computes.
 template <typename T>
@@ -182,7 +271,7 @@ template <typename T>
   const KvSequence& kv = *query.kv;
   alignas(64) float acc[kMaxGroupDims];
   std::fill(acc, acc + heads * head_dim, 0.0f);
-  HeadState states[kMaxGroupDims / 16];
+  HeadState states[kMaxGroupHeads];
   for (int64_t h = 0; h < heads; ++h) {
     states[h] = {-std::numeric_limits<float>::infinity(), 0.0f, acc + h * head_dim};
   }
@@ -198,7 +287,8 @@ template <typename T>
     const T* part = static_cast<const T*>(kv.head(block, first_head));
     for (int64_t h = 0; h < heads; ++h) {
       AttendBlock<T>(query.q + (first_head + h) * head_dim,
-                     part + h * 2 * head_dim * kKvBlockTokens, rows, head_dim, scale, states[h]);
+                     part + h * kv.head_bytes() / static_cast<int64_t>(sizeof(T)), rows, head_dim,
+                     scale, states[h]);
     }
   }
   for (int64_t h = 0; h < heads; ++h) {
@@ -207,8 +297,6 @@ template <typename T>
     for (int64_t d = 0; d < head_dim; ++d) out[d] = states[h].acc[d] * inverse;
   }
 }
-
-#undef ATTNSERVE_LOAD16
 
 using AttendFn = void (*)(const KvQuery& query, int64_t first_head, int64_t heads, int64_t head_dim,
                           float scale);
@@ -279,7 +367,8 @@ void Attend(const Flavour& flavour, std::span<const KvQuery> queries, int64_t nu
   // stream) when there are enough of them to share among the threads; else fewer heads an item.
   const int64_t threads = parallel ? omp_get_max_threads() : 1;
   const int64_t queries_n = static_cast<int64_t>(queries.size());
-  int64_t group = std::min(num_heads, std::max<int64_t>(1, kMaxGroupDims / head_dim));
+  int64_t group =
+      std::min({num_heads, kMaxGroupHeads, std::max<int64_t>(1, kMaxGroupDims / head_dim)});
   while (group > 1 && queries_n * ((num_heads + group - 1) / group) < 4 * threads) group /= 2;
   const int64_t groups = (num_heads + group - 1) / group;
   const int64_t items = queries_n * groups;

@@ -38,16 +38,15 @@ KvSequence::KvSequence(int64_t width, int64_t head_dim, KvPrecision precision,
 
 KvSequence::~KvSequence() { FreeBlocksFrom(0); }
 
-int64_t KvSequence::block_bytes() const {
-  const int64_t element = precision_ == KvPrecision::kBF16 ? 2 : 4;
-  return 2 * kKvBlockTokens * width_ * element;
-}
+int64_t KvSequence::block_bytes() const { return width_ / head_dim_ * head_bytes(); }
 
 int64_t KvSequence::bytes() const { return static_cast<int64_t>(blocks_.size()) * block_bytes(); }
 
 int64_t KvSequence::head_bytes() const {
-  const int64_t element = precision_ == KvPrecision::kBF16 ? 2 : 4;
-  return 2 * kKvBlockTokens * head_dim_ * element;
+  // bf16 pads an odd head_dim to even (its keys pair dimensions): 64 * (head_dim + 1) / 2 * 2
+  // bytes, a whole number of cache lines, as f32's 128 * head_dim.
+  if (precision_ == KvPrecision::kBF16) return 2 * kKvBlockTokens * ((head_dim_ + 1) / 2 * 2) * 2;
+  return 2 * kKvBlockTokens * head_dim_ * 4;
 }
 
 absl::Status KvSequence::Reserve(int64_t length) {
@@ -77,21 +76,22 @@ absl::Status KvSequence::Reserve(int64_t length) {
 void KvSequence::Write(int64_t position, const float* key, const float* value) {
   unsigned char* block = blocks_[position / kKvBlockTokens].get();
   const int64_t row = position % kKvBlockTokens;
-  // Head by head: its keys column-major ([head_dim][kKvBlockTokens]), then its values row-major.
-  const int64_t part = kKvBlockTokens * head_dim_;  // elements of one head's keys (or values)
+  // Head by head: its keys, then its values, in the layouts head() describes.
   for (int64_t h = 0; h < width_ / head_dim_; ++h) {
     const float* k = key + h * head_dim_;
     const float* v = value + h * head_dim_;
     if (precision_ == KvPrecision::kBF16) {
       auto* keys = reinterpret_cast<uint16_t*>(block + h * head_bytes());
+      uint16_t* values = keys + (head_dim_ + 1) / 2 * 2 * kKvBlockTokens;
       for (int64_t c = 0; c < head_dim_; ++c) {
-        ConvertToBf16(k + c, keys + c * kKvBlockTokens + row, 1);
+        ConvertToBf16(k + c, keys + c / 2 * 2 * kKvBlockTokens + 2 * row + c % 2, 1);
+        ConvertToBf16(v + c, values + row / 2 * 2 * head_dim_ + 2 * c + row % 2, 1);
       }
-      ConvertToBf16(v, keys + part + row * head_dim_, head_dim_);
     } else {
       auto* keys = reinterpret_cast<float*>(block + h * head_bytes());
       for (int64_t c = 0; c < head_dim_; ++c) keys[c * kKvBlockTokens + row] = k[c];
-      std::memcpy(keys + part + row * head_dim_, v, head_dim_ * sizeof(float));
+      std::memcpy(keys + kKvBlockTokens * head_dim_ + row * head_dim_, v,
+                  head_dim_ * sizeof(float));
     }
   }
   length_ = std::max(length_, position + 1);

@@ -79,10 +79,14 @@ class KvSequence {
   // Blocks held.
   int64_t blocks() const { return static_cast<int64_t>(blocks_.size()); }
 
-  // Head `h`'s part of block `b`: its keys, column-major ([head_dim][kKvBlockTokens]: the
-  // block's tokens side by side in each column, so one query's scores against a block are
-  // vector operations), then its values, row-major ([kKvBlockTokens][head_dim]). One head's
-  // part is contiguous (a step reads it as one stream), and starts on a cache line.
+  // Head `h`'s part of block `b`: its keys, then its values. f32: the keys column-major
+  // ([head_dim][kKvBlockTokens]: the block's tokens side by side in each column, so one query's
+  // scores against a block are vector operations), the values row-major ([kKvBlockTokens]
+  // [head_dim]). bf16: the same with pairs side by side, so that 64 bytes widen to two 16-float
+  // vectors with a shift and a mask: the keys in dimension pairs ([head_dim / 2][kKvBlockTokens]
+  // [2], an odd last dimension padded), the values in row pairs ([kKvBlockTokens / 2][head_dim]
+  // [2]). One head's part is contiguous (a step reads it as one stream), and starts on a cache
+  // line.
   const void* head(int64_t b, int64_t h) const { return blocks_[b].get() + h * head_bytes(); }
   // Bytes of one head's part of a block (keys and values).
   int64_t head_bytes() const;

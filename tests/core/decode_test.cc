@@ -206,7 +206,8 @@ TEST(KvCacheTest, ABudgetThatCannotTakeAStepRefusesItAndChangesNothing) {
 }
 
 // Every KV attention kernel this CPU runs (AVX-512, AVX2, portable), f32 and bf16 caches, head
-// widths that are and are not multiples of 16 and 64, lengths that end inside a block: each
+// widths that are and are not multiples of 16 and 64 (and an odd one: bf16 pairs dimensions),
+// lengths that end inside a block (after an odd row: bf16 pairs rows): each
 // output equals softmax(q K^T / sqrt(d)) V computed in double from the same cached values
 // (bf16: the values as rounded into the cache), within f32 rounding.
 TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
@@ -214,7 +215,7 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
   ASSERT_FALSE(flavours.empty());
   EXPECT_EQ(flavours.back(), "portable");
   for (const std::string& flavour : flavours) {
-    for (const int64_t head_dim : {8, 24, 64, 80, 128}) {
+    for (const int64_t head_dim : {8, 21, 24, 64, 80, 128}) {
       for (const KvPrecision precision : {KvPrecision::kF32, KvPrecision::kBF16}) {
         constexpr int64_t kHeads = 3;
         const int64_t width = kHeads * head_dim;
