@@ -257,70 +257,84 @@ template <typename T>
   AddValues(weights, values, rows, head_dim, correction, state.acc);
 }
 
-// The most dimensions and heads a group of heads spans (its state lives on the stack).
-constexpr int64_t kMaxGroupDims = 1024;
-constexpr int64_t kMaxGroupHeads = 64;
+// The most queries a tile takes, and the most dimensions (queries x heads x head_dim) and
+// (query, head) states a tile's group of heads spans: its state lives on the stack.
+constexpr int64_t kMaxTileQueries = 8;
+constexpr int64_t kMaxTileDims = 4096;
+constexpr int64_t kMaxTileStates = 128;
 
-// One query's heads first_head .. first_head + heads - 1 (heads * head_dim <= kMaxGroupDims,
-// heads <= kMaxGroupHeads)
-// over its visible keys, block by block: the group's parts of a block lie side by side, so
-// each block is read as one stream, and the blocks ahead are asked for while it computes.
+// A tile of `count` queries of one sequence (consecutive new tokens of a prompt's chunk, or one
+// query), heads first_head .. first_head + heads - 1, over their visible keys, block by block:
+// the group's parts of a block lie side by side, so each block is read as one stream, once for
+// all the tile's queries, and the blocks ahead are asked for while it computes.
 template <typename T>
-[[gnu::always_inline]] inline void AttendGroupBody(const KvQuery& query, int64_t first_head,
-                                                   int64_t heads, int64_t head_dim, float scale) {
-  const KvSequence& kv = *query.kv;
-  alignas(64) float acc[kMaxGroupDims];
-  std::fill(acc, acc + heads * head_dim, 0.0f);
-  HeadState states[kMaxGroupHeads];
-  for (int64_t h = 0; h < heads; ++h) {
-    states[h] = {-std::numeric_limits<float>::infinity(), 0.0f, acc + h * head_dim};
+[[gnu::always_inline]] inline void AttendTileBody(const KvQuery* queries, int64_t count,
+                                                  int64_t first_head, int64_t heads,
+                                                  int64_t head_dim, float scale) {
+  const KvSequence& kv = *queries[0].kv;
+  alignas(64) float acc[kMaxTileDims];
+  std::fill(acc, acc + count * heads * head_dim, 0.0f);
+  HeadState states[kMaxTileStates];
+  int64_t visible = 0;  // the most any query of the tile sees
+  for (int64_t t = 0; t < count; ++t) {
+    visible = std::max(visible, queries[t].visible);
+    for (int64_t h = 0; h < heads; ++h) {
+      states[t * heads + h] = {-std::numeric_limits<float>::infinity(), 0.0f,
+                               acc + (t * heads + h) * head_dim};
+    }
   }
   const int64_t group_bytes = heads * kv.head_bytes();
-  for (int64_t start = 0; start < query.visible; start += kKvBlockTokens) {
+  const int64_t head_elements = kv.head_bytes() / static_cast<int64_t>(sizeof(T));
+  for (int64_t start = 0; start < visible; start += kKvBlockTokens) {
     const int64_t block = start / kKvBlockTokens;
-    const int64_t rows = std::min(kKvBlockTokens, query.visible - start);
-    if (const int64_t ahead = block + kPrefetchBlocks; ahead * kKvBlockTokens < query.visible) {
+    if (const int64_t ahead = block + kPrefetchBlocks; ahead * kKvBlockTokens < visible) {
       // Blocks are allocations of their own: no hardware prefetcher sees the next one coming.
       const char* next = static_cast<const char*>(kv.head(ahead, first_head));
       for (int64_t at = 0; at < group_bytes; at += 64) __builtin_prefetch(next + at);
     }
     const T* part = static_cast<const T*>(kv.head(block, first_head));
-    for (int64_t h = 0; h < heads; ++h) {
-      AttendBlock<T>(query.q + (first_head + h) * head_dim,
-                     part + h * kv.head_bytes() / static_cast<int64_t>(sizeof(T)), rows, head_dim,
-                     scale, states[h]);
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t rows = std::min(kKvBlockTokens, queries[t].visible - start);
+      if (rows <= 0) continue;
+      for (int64_t h = 0; h < heads; ++h) {
+        AttendBlock<T>(queries[t].q + (first_head + h) * head_dim, part + h * head_elements, rows,
+                       head_dim, scale, states[t * heads + h]);
+      }
     }
   }
-  for (int64_t h = 0; h < heads; ++h) {
-    const float inverse = query.visible > 0 ? 1.0f / states[h].running_sum : 0.0f;
-    float* out = query.out + (first_head + h) * head_dim;
-    for (int64_t d = 0; d < head_dim; ++d) out[d] = states[h].acc[d] * inverse;
+  for (int64_t t = 0; t < count; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const HeadState& state = states[t * heads + h];
+      const float inverse = queries[t].visible > 0 ? 1.0f / state.running_sum : 0.0f;
+      float* out = queries[t].out + (first_head + h) * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = state.acc[d] * inverse;
+    }
   }
 }
 
-using AttendFn = void (*)(const KvQuery& query, int64_t first_head, int64_t heads, int64_t head_dim,
-                          float scale);
+using AttendFn = void (*)(const KvQuery* queries, int64_t count, int64_t first_head, int64_t heads,
+                          int64_t head_dim, float scale);
 
 template <typename T>
-void AttendGroupPortable(const KvQuery& query, int64_t first_head, int64_t heads, int64_t head_dim,
-                         float scale) {
-  AttendGroupBody<T>(query, first_head, heads, head_dim, scale);
+void AttendTilePortable(const KvQuery* queries, int64_t count, int64_t first_head, int64_t heads,
+                        int64_t head_dim, float scale) {
+  AttendTileBody<T>(queries, count, first_head, heads, head_dim, scale);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 template <typename T>
-__attribute__((target("avx2,fma"))) void AttendGroupAvx2(const KvQuery& query, int64_t first_head,
-                                                         int64_t heads, int64_t head_dim,
-                                                         float scale) {
-  AttendGroupBody<T>(query, first_head, heads, head_dim, scale);
+__attribute__((target("avx2,fma"))) void AttendTileAvx2(const KvQuery* queries, int64_t count,
+                                                        int64_t first_head, int64_t heads,
+                                                        int64_t head_dim, float scale) {
+  AttendTileBody<T>(queries, count, first_head, heads, head_dim, scale);
 }
 
 template <typename T>
-__attribute__((target("avx512f,avx2,fma"))) void AttendGroupAvx512(const KvQuery& query,
-                                                                   int64_t first_head,
-                                                                   int64_t heads, int64_t head_dim,
-                                                                   float scale) {
-  AttendGroupBody<T>(query, first_head, heads, head_dim, scale);
+__attribute__((target("avx512f,avx2,fma"))) void AttendTileAvx512(const KvQuery* queries,
+                                                                  int64_t count, int64_t first_head,
+                                                                  int64_t heads, int64_t head_dim,
+                                                                  float scale) {
+  AttendTileBody<T>(queries, count, first_head, heads, head_dim, scale);
 }
 #endif
 
@@ -336,13 +350,13 @@ std::vector<Flavour> Flavours() {
   std::vector<Flavour> flavours;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   if (__builtin_cpu_supports("avx512f")) {
-    flavours.push_back({"avx512", &AttendGroupAvx512<float>, &AttendGroupAvx512<uint16_t>});
+    flavours.push_back({"avx512", &AttendTileAvx512<float>, &AttendTileAvx512<uint16_t>});
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    flavours.push_back({"avx2", &AttendGroupAvx2<float>, &AttendGroupAvx2<uint16_t>});
+    flavours.push_back({"avx2", &AttendTileAvx2<float>, &AttendTileAvx2<uint16_t>});
   }
 #endif
-  flavours.push_back({"portable", &AttendGroupPortable<float>, &AttendGroupPortable<uint16_t>});
+  flavours.push_back({"portable", &AttendTilePortable<float>, &AttendTilePortable<uint16_t>});
   return flavours;
 }
 
@@ -363,21 +377,40 @@ void Attend(const Flavour& flavour, std::span<const KvQuery> queries, int64_t nu
   int64_t reads = 0;  // keys read in all: a team is worth starting only for enough of them
   for (const KvQuery& query : queries) reads += query.visible;
   const bool parallel = reads * num_heads * head_dim > (1 << 16);
-  // An item is one query's group of heads. Whole queries (every head, each block read as one
-  // stream) when there are enough of them to share among the threads; else fewer heads an item.
   const int64_t threads = parallel ? omp_get_max_threads() : 1;
-  const int64_t queries_n = static_cast<int64_t>(queries.size());
-  int64_t group =
-      std::min({num_heads, kMaxGroupHeads, std::max<int64_t>(1, kMaxGroupDims / head_dim)});
-  while (group > 1 && queries_n * ((num_heads + group - 1) / group) < 4 * threads) group /= 2;
+  // Tiles: consecutive queries of one sequence (a prompt's chunk) share each block read, up to
+  // kMaxTileQueries, as many as the stack state allows for one head; a step's one token a
+  // sequence is a tile of one.
+  const int64_t per_tile =
+      std::clamp<int64_t>(std::min(kMaxTileDims / head_dim, kMaxTileStates), 1, kMaxTileQueries);
+  std::vector<std::pair<int64_t, int64_t>> tiles;  // first query, count
+  for (int64_t i = 0; i < static_cast<int64_t>(queries.size()); ++i) {
+    if (!tiles.empty() && tiles.back().second < per_tile &&
+        queries[tiles.back().first].kv == queries[i].kv) {
+      ++tiles.back().second;
+    } else {
+      tiles.emplace_back(i, 1);
+    }
+  }
+  int64_t longest = 1;
+  for (const auto& tile : tiles) longest = std::max(longest, tile.second);
+  // An item is a tile's group of heads: every head (each block read as one stream) when there
+  // are enough tiles to share among the threads, else fewer heads an item; as many as the stack
+  // state allows for the longest tile.
+  int64_t group = std::clamp<int64_t>(
+      std::min({num_heads, kMaxTileStates / longest, kMaxTileDims / (longest * head_dim)}), 1,
+      num_heads);
+  const int64_t tiles_n = static_cast<int64_t>(tiles.size());
+  while (group > 1 && tiles_n * ((num_heads + group - 1) / group) < 4 * threads) group /= 2;
   const int64_t groups = (num_heads + group - 1) / group;
-  const int64_t items = queries_n * groups;
+  const int64_t items = tiles_n * groups;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int64_t item = 0; item < items; ++item) {
-    const KvQuery& query = queries[item / groups];
+    const auto [first_query, count] = tiles[item / groups];
+    const KvQuery* tile = queries.data() + first_query;
     const int64_t first = item % groups * group;
-    (query.kv->precision() == KvPrecision::kBF16 ? flavour.bf16 : flavour.f32)(
-        query, first, std::min(group, num_heads - first), head_dim, scale);
+    (tile->kv->precision() == KvPrecision::kBF16 ? flavour.bf16 : flavour.f32)(
+        tile, count, first, std::min(group, num_heads - first), head_dim, scale);
   }
 }
 

@@ -24,9 +24,10 @@ struct KvQuery {
   int64_t visible = 0;  // keys 0 .. visible - 1; none: the result is 0
 };
 
-// out = softmax(q K^T * scale) V per head, for every query, in parallel (OpenMP) over queries
-// (all heads of a query together, so that each cached block is read as one stream; fewer heads
-// a task when there are too few queries to share among the threads).
+// out = softmax(q K^T * scale) V per head, for every query, in parallel (OpenMP) over tiles:
+// consecutive queries of one sequence (a prompt's chunk) share each block read from memory, and a
+// tile takes all heads together, so that each cached block is read as one stream (fewer heads a
+// task when there are too few tiles to share among the threads).
 // Runs on the widest kernel this CPU has (AVX-512, AVX2 with FMA, portable), or the portable one
 // under ATTNSERVE_ATTENTION_KERNEL=portable.
 void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,
