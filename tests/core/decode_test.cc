@@ -274,6 +274,23 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
             }
           }
         }
+        // The same queries as one tile (a prompt chunk's tokens of one sequence share each
+        // block read), a query that sees nothing among them: each answer as when alone.
+        const std::vector<int64_t> visibles = {kLength, 0, 1, kKvBlockTokens + 3, kLength - 1};
+        std::vector<float> alone(visibles.size() * width), tiled(visibles.size() * width, -1.0f);
+        std::vector<KvQuery> tile;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        for (size_t i = 0; i < visibles.size(); ++i) {
+          const KvQuery one{q.data(), alone.data() + i * width, &cache, visibles[i]};
+          KvAttentionWith(flavour, {&one, 1}, kHeads, head_dim, scale);
+          tile.push_back({q.data(), tiled.data() + i * width, &cache, visibles[i]});
+        }
+        KvAttentionWith(flavour, tile, kHeads, head_dim, scale);
+        for (size_t i = 0; i < alone.size(); ++i) {
+          ASSERT_EQ(tiled[i], alone[i]) << flavour << " head_dim " << head_dim << " query "
+                                        << i / width << " element " << i % width;
+        }
+        EXPECT_EQ(tiled[width], 0.0f);  // the query that sees nothing
       }
     }
   }
