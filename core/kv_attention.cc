@@ -24,7 +24,7 @@ namespace {
 
 static_assert(kKvBlockTokens == 16, "a block's 16 keys are one 16-float vector");
 
-// How many blocks ahead a query's keys and values are asked for while it computes.
+// How many blocks ahead a tile's keys and values are asked for while it computes.
 constexpr int64_t kPrefetchBlocks = 2;
 
 typedef float Floats16 __attribute__((vector_size(64)));
@@ -401,7 +401,9 @@ void Attend(const Flavour& flavour, std::span<const KvQuery> queries, int64_t nu
       std::min({num_heads, kMaxTileStates / longest, kMaxTileDims / (longest * head_dim)}), 1,
       num_heads);
   const int64_t tiles_n = static_cast<int64_t>(tiles.size());
-  while (group > 1 && tiles_n * ((num_heads + group - 1) / group) < 4 * threads) group /= 2;
+  while (parallel && group > 1 && tiles_n * ((num_heads + group - 1) / group) < 4 * threads) {
+    group /= 2;
+  }
   const int64_t groups = (num_heads + group - 1) / group;
   const int64_t items = tiles_n * groups;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)

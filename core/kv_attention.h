@@ -3,7 +3,7 @@
 // Attention of new query tokens over a sequence's cached keys and values, read in place from
 // the cache's blocks (no contiguous copy): the memory-bound part of a decode step. Each query
 // attends to the first `visible` cached tokens; the softmax runs online, block by block, so
-// each key and value is read once per query.
+// each key and value is read from memory once per tile of queries (below).
 
 #include <cstdint>
 #include <span>
@@ -26,8 +26,10 @@ struct KvQuery {
 
 // out = softmax(q K^T * scale) V per head, for every query, in parallel (OpenMP) over tiles:
 // consecutive queries of one sequence (a prompt's chunk) share each block read from memory, and a
-// tile takes all heads together, so that each cached block is read as one stream (fewer heads a
-// task when there are too few tiles to share among the threads).
+// tile takes as many of its heads together as its state on the stack allows (every head, up to a
+// point), so that each cached block is read as one stream; fewer heads a task when there are too
+// few tiles to share among the threads. head_dim <= 512 (Layer::Decode checks), and each query's
+// cache has that head_dim.
 // Runs on the widest kernel this CPU has (AVX-512, AVX2 with FMA, portable), or the portable one
 // under ATTNSERVE_ATTENTION_KERNEL=portable.
 void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,

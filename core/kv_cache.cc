@@ -43,7 +43,7 @@ int64_t KvSequence::block_bytes() const { return width_ / head_dim_ * head_bytes
 int64_t KvSequence::bytes() const { return static_cast<int64_t>(blocks_.size()) * block_bytes(); }
 
 int64_t KvSequence::head_bytes() const {
-  // bf16 pads an odd head_dim to even (its keys pair dimensions): 64 * (head_dim + 1) / 2 * 2
+  // bf16 pads an odd head_dim to even (its keys pair dimensions): 64 * ((head_dim + 1) / 2 * 2)
   // bytes, a whole number of cache lines, as f32's 128 * head_dim.
   if (precision_ == KvPrecision::kBF16) return 2 * kKvBlockTokens * ((head_dim_ + 1) / 2 * 2) * 2;
   return 2 * kKvBlockTokens * head_dim_ * 4;
@@ -60,6 +60,7 @@ absl::Status KvSequence::Reserve(int64_t length) {
   }
   const size_t before = blocks_.size();
   try {
+    blocks_.reserve(needed);  // so that no block is allocated and then lost to a vector's growth
     while (blocks_.size() < needed) {
       blocks_.emplace_back(static_cast<unsigned char*>(
           ::operator new[](static_cast<size_t>(block_bytes()), kBlockAlignment)));

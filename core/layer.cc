@@ -114,11 +114,12 @@ struct Projection {
   int64_t w_ld = 0;
 };
 
-// y[rows, n] = x[rows, k] W^T + b. `rows` must come from MatmulRows. A few f32 rows go through
-// SmallMatmul, the rest through oneDNN.
+// y[rows, n] = x[rows, k] W^T + b. `rows` must come from MatmulRows. A few f32 rows of a call
+// or run that is serial anyway (small: ScopedOmpThreads) go through SmallMatmul on this thread;
+// the rest through oneDNN, with the team (a wide layer's weights read by every core).
 absl::Status Project(const Projection& p, int64_t rows, const void* x, float* y,
                      ThreadScratch& scratch) {
-  if (!p.bf16 && p.w_ld != 0 && rows <= kSmallMatmulRows) {
+  if (!p.bf16 && p.w_ld != 0 && rows <= kSmallMatmulRows && omp_get_max_threads() == 1) {
     SmallMatmul(rows, p.k, p.n, static_cast<const float*>(x), static_cast<const float*>(p.weights),
                 p.w_ld, p.bias, y);
     return absl::OkStatus();

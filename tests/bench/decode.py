@@ -183,11 +183,11 @@ def shared_cores_rows(server, bench, bandwidth, floor_message_cpu, name, inner, 
                       prompt, n, steps):
     """The same machine also runs the load tester, and each streamed message costs gRPC its own
     server CPU: with 64 streams of one sequence these take cores from the memory-bound attention.
-    Per token, the two cores must give the client's CPU (measured: a run of `steps` less a run of
+    Per token, the cores must give the client's CPU (measured: a run of `steps` less a run of
     one step, so the prefill cancels), gRPC's floor per message (grpc_floor) and the attention's
     memory time on both cores; tokens/s <= cores / their sum. Printed beside the sessions'
     tokens/s, for n streams of B = 1 and one stream of B = n, with the server's CPU per token."""
-    cores = os.cpu_count()
+    cores = len(os.sched_getaffinity(0))
     memory_cpu = cores * 2 * inner * element_bytes * (prompt + steps / 2) / bandwidth
     rows = []
     for sessions, batch in ((n, 1), (1, n)):

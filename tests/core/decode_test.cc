@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -241,6 +242,14 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
           std::memcpy(&y, &bits, 4);
           return static_cast<double>(y);
         };
+        // The rows after the last (to the end of its block) hold NaN, as memory never written
+        // may: no answer may read them.
+        ASSERT_TRUE(cache.Reserve(kLength / kKvBlockTokens * kKvBlockTokens + kKvBlockTokens).ok());
+        const std::vector<float> nan_row(width, std::numeric_limits<float>::quiet_NaN());
+        for (int64_t t = kLength; t % kKvBlockTokens != 0; ++t) {
+          cache.Write(t, nan_row.data(), nan_row.data());
+        }
+        cache.Rewind(0);
         for (int64_t t = 0; t < kLength; ++t) {
           cache.Write(t, keys.data() + t * width, values.data() + t * width);
         }
@@ -274,16 +283,21 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
             }
           }
         }
-        // The same queries as one tile (a prompt chunk's tokens of one sequence share each
-        // block read), a query that sees nothing among them: each answer as when alone.
+        // Many queries of the sequence at once, each its own q: tiles (a prompt chunk's tokens
+        // share each block read), heads taken together, one query that sees nothing; each
+        // answer as when alone.
         const std::vector<int64_t> visibles = {kLength, 0, 1, kKvBlockTokens + 3, kLength - 1};
-        std::vector<float> alone(visibles.size() * width), tiled(visibles.size() * width, -1.0f);
+        constexpr int64_t kQueries = 32;  // four tiles of eight: every head in one task
+        std::vector<float> qs(kQueries * width), alone(kQueries * width);
+        std::vector<float> tiled(kQueries * width, -1.0f);
         std::vector<KvQuery> tile;
         const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-        for (size_t i = 0; i < visibles.size(); ++i) {
-          const KvQuery one{q.data(), alone.data() + i * width, &cache, visibles[i]};
+        for (int64_t i = 0; i < kQueries; ++i) {
+          for (int64_t c = 0; c < width; ++c) qs[i * width + c] = value_at(i * width + c, 4);
+          const int64_t visible = visibles[i % visibles.size()];
+          const KvQuery one{qs.data() + i * width, alone.data() + i * width, &cache, visible};
           KvAttentionWith(flavour, {&one, 1}, kHeads, head_dim, scale);
-          tile.push_back({q.data(), tiled.data() + i * width, &cache, visibles[i]});
+          tile.push_back({qs.data() + i * width, tiled.data() + i * width, &cache, visible});
         }
         KvAttentionWith(flavour, tile, kHeads, head_dim, scale);
         for (size_t i = 0; i < alone.size(); ++i) {
