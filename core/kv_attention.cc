@@ -401,7 +401,7 @@ void Attend(const Flavour& flavour, std::span<const KvQuery> queries, int64_t nu
       std::min({num_heads, kMaxTileStates / longest, kMaxTileDims / (longest * head_dim)}), 1,
       num_heads);
   const int64_t tiles_n = static_cast<int64_t>(tiles.size());
-  while (parallel && group > 1 && tiles_n * ((num_heads + group - 1) / group) < 4 * threads) {
+  while (threads > 1 && group > 1 && tiles_n * ((num_heads + group - 1) / group) < 4 * threads) {
     group /= 2;
   }
   const int64_t groups = (num_heads + group - 1) / group;
