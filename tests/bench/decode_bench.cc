@@ -160,6 +160,7 @@ int Main(int argc, char** argv) {
   int64_t sequences = 64, d_model = 768, heads = 12;
   std::string cached_arg = "512,4096", precision_arg = "f32";
   int threads = 0, reps = 15;
+  int64_t stream_mib = 1024;
   app.add_option("--sequences", sequences, "sequences in the step, one token each")
       ->check(CLI::PositiveNumber);
   app.add_option("--cached", cached_arg, "comma-separated cached lengths");
@@ -169,6 +170,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--threads", threads, "OpenMP threads (0: OpenMP's default)");
   app.add_option("--reps", reps, "timed rounds (after one warm-up)")->check(CLI::PositiveNumber);
+  app.add_option("--stream-mib", stream_mib,
+                 "the read stream's and the copy's buffer (far larger than the caches)")
+      ->check(CLI::PositiveNumber);
   bool profile = false;
   app.add_flag("--profile", profile,
                "time the steps and the attention alone, without the memory stream between them "
@@ -181,7 +185,7 @@ int Main(int argc, char** argv) {
   shape.kind = core::AttentionKind::kCausal;
   shape.d_model = shape.d_context = d_model;
   shape.heads = heads;
-  MemoryStream memory(int64_t{1} << 30);
+  MemoryStream memory(stream_mib << 20);
   for (absl::string_view part : absl::StrSplit(cached_arg, ',', absl::SkipEmpty())) {
     int64_t cached = 0;
     if (!absl::SimpleAtoi(part, &cached) || cached < 0) {

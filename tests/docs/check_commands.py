@@ -73,6 +73,9 @@ UNRUNNABLE = {
         "a build, then a benchmark of minutes; compare.sh needs PyTorch (bench_smoke runs two shapes)",
     ("docs/performance.md", "tests/bench/serving.py --reps 3 --seconds 3                  # the C++ client"):
         "a benchmark of minutes, and its baseline needs PyTorch",
+    ("docs/performance.md", "OMP_NUM_THREADS=2 build/tests/bench/attnserve_decode_bench --sequences 64 --cached 512,4096"):
+        "benchmarks of minutes over 1.6 GB of cache; decode.py's peer needs PyTorch "
+        "(decode_bench_smoke runs a small decode benchmark)",
     ("docs/testing.md", "deploy/test.sh"):
         "the whole test command, of which this test is a part",
     ("docs/testing.md", "tests/fuzz/run.sh 30          # each libFuzzer harness for 30 s (ASan + UBSan); what CI runs"):
