@@ -5,7 +5,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,29 +34,6 @@ struct Result {
   double peak_gflops = 0;
   double scratch_mib = 0;
 };
-
-// Medians of `reps` timed rounds, each round calling every fn once in turn, after one untimed
-// warm-up round (JIT, first touch). Alternating the calls makes a load change on the shared
-// machine hit all of them alike, so their ratios hold even when absolute times do not.
-std::vector<double> AlternatingMedianMs(const std::vector<std::function<void()>>& fns, int reps) {
-  for (const auto& fn : fns) fn();
-  std::vector<std::vector<double>> ms(fns.size());
-  for (int r = 0; r < reps; ++r) {
-    for (size_t i = 0; i < fns.size(); ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      fns[i]();
-      const std::chrono::duration<double, std::milli> took =
-          std::chrono::steady_clock::now() - start;
-      ms[i].push_back(took.count());
-    }
-  }
-  std::vector<double> medians;
-  for (std::vector<double>& m : ms) {
-    std::sort(m.begin(), m.end());
-    medians.push_back(m[m.size() / 2]);
-  }
-  return medians;
-}
 
 // The peak: a 4096^3 f32 oneDNN matmul with plain row-major operands, on the current threads.
 class PeakMatmul {

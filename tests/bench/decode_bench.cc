@@ -7,12 +7,9 @@
 
 #include <omp.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,27 +24,6 @@
 
 namespace attnserve::bench {
 namespace {
-
-// Medians (ms) of `reps` rounds, each calling every fn once in turn after one warm-up round.
-std::vector<double> AlternatingMedianMs(const std::vector<std::function<void()>>& fns, int reps) {
-  for (const auto& fn : fns) fn();
-  std::vector<std::vector<double>> ms(fns.size());
-  for (int r = 0; r < reps; ++r) {
-    for (size_t i = 0; i < fns.size(); ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      fns[i]();
-      ms[i].push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count());
-    }
-  }
-  std::vector<double> medians;
-  for (std::vector<double>& m : ms) {
-    std::sort(m.begin(), m.end());
-    medians.push_back(m[m.size() / 2]);
-  }
-  return medians;
-}
 
 // A buffer far larger than the caches, read (a sum every thread keeps to itself) or copied
 // half to half by the current OpenMP threads: the memory's bandwidth, as a step would see it.

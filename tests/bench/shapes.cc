@@ -1,5 +1,7 @@
 #include "tests/bench/shapes.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -137,6 +139,26 @@ core::LayerWeights RandomWeights(const Shape& shape) {
   w.b_v = scaled(inner, 27, spec.d_context);
   w.b_o = scaled(spec.d_model, 28, inner);
   return w;
+}
+
+std::vector<double> AlternatingMedianMs(const std::vector<std::function<void()>>& fns, int reps) {
+  for (const auto& fn : fns) fn();
+  std::vector<std::vector<double>> ms(fns.size());
+  for (int r = 0; r < reps; ++r) {
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      fns[i]();
+      const std::chrono::duration<double, std::milli> took =
+          std::chrono::steady_clock::now() - start;
+      ms[i].push_back(took.count());
+    }
+  }
+  std::vector<double> medians;
+  for (std::vector<double>& m : ms) {
+    std::sort(m.begin(), m.end());
+    medians.push_back(m[m.size() / 2]);
+  }
+  return medians;
 }
 
 }  // namespace attnserve::bench

@@ -4,6 +4,7 @@
 // FLOPs they are credited with. pytorch_bench.py mirrors this file (same lengths, same counts).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,5 +53,10 @@ std::vector<float> RandomValues(int64_t count, uint64_t seed);
 
 // A fused-layout layer with biases and output projection for `shape`, weights ~ 1/sqrt(fan_in).
 core::LayerWeights RandomWeights(const Shape& shape);
+
+// Medians (ms) of `reps` timed rounds, each round calling every fn once in turn, after one
+// untimed warm-up round (JIT, first touch). Alternating the calls makes a load change on the
+// shared machine hit all of them alike, so their ratios hold even when absolute times do not.
+std::vector<double> AlternatingMedianMs(const std::vector<std::function<void()>>& fns, int reps);
 
 }  // namespace attnserve::bench
