@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh
+# Ninja for a new build/ (it keeps every core busy where make's targets wait on each other); a
+# build/ configured before keeps its generator.
+export CMAKE_GENERATOR="${CMAKE_GENERATOR:-Ninja}"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
   -DATTNSERVE_BUILD_TESTS=OFF -DATTNSERVE_BUILD_BENCH=OFF "$@"
 cmake --build build -j"$(nproc)"

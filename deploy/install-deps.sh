@@ -29,7 +29,7 @@ for arg in "$@"; do
 done
 
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake ninja-build pkg-config  # Ninja: builds keep both cores busy
   libdnnl-dev ocl-icd-opencl-dev                # oneDNN 2.6 (OpenMP); its CMake config wants OpenCL
   libgrpc++-dev protobuf-compiler-grpc          # gRPC 1.51 + grpc_cpp_plugin, grpc_python_plugin
   libprotobuf-dev protobuf-compiler             # protobuf 3.21

@@ -10,7 +10,10 @@ export npm_config_cache="$PWD/build/npm-cache" npm_config_logs_dir="$PWD/build/n
 # Formatting first: a few seconds, and a misformatted file fails before minutes of build.
 deploy/check-format.sh
 deploy/build.sh -DATTNSERVE_BUILD_TESTS=ON -DATTNSERVE_BUILD_BENCH=ON  # build.sh alone: serving only
-ctest --test-dir build --output-on-failure
+# The engine's suites (label core) time nothing and run two at a time; the rest, which start
+# servers and wait on them, one at a time.
+ctest --test-dir build --output-on-failure -L core -j2
+ctest --test-dir build --output-on-failure -LE core
 # Suites with their own builds or time bounds go here, one line each.
 deploy/scaleout-test.sh        # replicas: client round robin and nginx, a replica killed (~75 s)
 tests/fuzz/run.sh 30           # libFuzzer harnesses, 30 s each (build-fuzz/, clang-14)

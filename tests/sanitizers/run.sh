@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sanitizer builds (clang-14, -O1 -g1, no benchmark) and their test runs; deploy/test.sh runs both.
-#   tests/sanitizers/run.sh asan   ASan + UBSan + LeakSanitizer, build-asan/: the whole ctest suite but
-#                                  OutOfMemoryTest (see below)
+#   tests/sanitizers/run.sh asan   ASan + UBSan + LeakSanitizer, build-asan/: the ctest suites that
+#                                  run our C++ (not OutOfMemoryTest, see below)
 #   tests/sanitizers/run.sh tsan   ThreadSanitizer, build-tsan/: the server tests (ctest label
 #                                  "server", which holds the scheduler's) but ShutdownTest
 # clang, not gcc: gcc's TSan crashes at load on the target_clones resolver of the attention tiles.
@@ -15,9 +15,14 @@ case "$mode" in
   asan)
     # Not OutOfMemoryTest: it caps the address space (RLIMIT_AS) to make allocations fail, and
     # ASan's own runtime then fails to map memory and hangs in its report.
-    # Nor the "deploy" label (Kubernetes manifests checked by node): no code of ours runs there.
+    # Nor the labels whose tests check what other programs do with ours (Kubernetes manifests,
+    # the docs' commands, the Node client, a browser drawing a report, a Prometheus scraping):
+    # their calls into our C++ are the ones the C++ suites make.
     build=build-asan sanitize=address,undefined targets=(all)
-    ctest_args=(-E '^OutOfMemoryTest\.' -LE deploy)
+    # The engine's suites (label core) run two at a time, as in deploy/test.sh; one -LE regex,
+    # as ctest excludes a test only when it matches every -LE given.
+    ctest_core=(-L core -E '^OutOfMemoryTest\.')
+    ctest_rest=(-LE 'core|deploy|docs|node|browser|prometheus')
     # Leaks: gRPC's c-ares resolver state is freed after LSan looks (lsan.supp says why).
     export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1"
     export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
@@ -26,8 +31,10 @@ case "$mode" in
     # Not ShutdownTest: it expects four 4096-token calls to be queued within 2 s, which the
     # TSan-slowed client misses on a loaded machine (1 run in 3 here); the drain is still run
     # under TSan by ProcessTest.SigtermFinishesCallsInFlightAndExitsZero.
-    build=build-tsan sanitize=thread targets=(server_tests attnserve-client)
-    ctest_args=(-L server -E '^ShutdownTest\.')
+    # Nor prometheus_scrape (what a Prometheus makes of /metrics; MetricsPortTest races scrapes).
+    build=build-tsan sanitize=thread targets=(server_tests)
+    ctest_core=()
+    ctest_rest=(-L server -LE prometheus -E '^ShutdownTest\.')
     # OpenMP's runtimes (libomp for our kernel, libgomp inside oneDNN) are not instrumented:
     # one compute thread keeps their workers, and TSan's false reports about them, away.
     export OMP_NUM_THREADS=1
@@ -41,12 +48,16 @@ esac
 start=$SECONDS
 # -Wno-pass-failed: ASan's checks keep clang from vectorizing the loop that core/dnnl_context.cc
 # asks to with `#pragma omp simd`, and it says so ("loop not vectorized"); speed is no aim here.
+export CMAKE_GENERATOR="${CMAKE_GENERATOR:-Ninja}"  # as deploy/build.sh
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-Wno-pass-failed" \
   -DATTNSERVE_SANITIZE="$sanitize" \
   -DATTNSERVE_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 built=$SECONDS
-ctest --test-dir "$build" --output-on-failure "${ctest_args[@]}"
+if (( ${#ctest_core[@]} )); then
+  ctest --test-dir "$build" --output-on-failure "${ctest_core[@]}" -j2
+fi
+ctest --test-dir "$build" --output-on-failure "${ctest_rest[@]}"
 echo "sanitizers $mode: build $((built - start)) s, tests $((SECONDS - built)) s; CPU (user, sys):"
 times
