@@ -78,7 +78,7 @@ UNRUNNABLE = {
         "(decode_bench_smoke runs a small decode benchmark)",
     ("docs/testing.md", "deploy/test.sh"):
         "the whole test command, of which this test is a part",
-    ("docs/testing.md", "tests/fuzz/run.sh 30          # each libFuzzer harness for 30 s (ASan + UBSan); what CI runs"):
+    ("docs/testing.md", "tests/fuzz/run.sh 30          # the libFuzzer harnesses side by side for 30 s (ASan + UBSan); what CI runs"):
         "builds of their own and runs of minutes; the test command runs them",
 }
 
