@@ -15,4 +15,5 @@ deploy/install-deps.sh
 export CMAKE_GENERATOR="${CMAKE_GENERATOR:-Ninja}"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
   -DATTNSERVE_BUILD_TESTS=OFF -DATTNSERVE_BUILD_BENCH=OFF "$@"
-cmake --build build -j"$(nproc)"
+# One job a core: nproc answers OMP_NUM_THREADS instead when it is set.
+cmake --build build -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"

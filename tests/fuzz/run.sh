@@ -22,7 +22,7 @@ CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebI
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-Wno-pass-failed" \
   -DATTNSERVE_SANITIZE=fuzzer-no-link,address,undefined \
   -DATTNSERVE_BUILD_FUZZERS=ON -DATTNSERVE_BUILD_TESTS=OFF >/dev/null
-cmake --build "$build" -j"$(nproc)" --target "${harnesses[@]}"
+cmake --build "$build" -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # as build.sh --target "${harnesses[@]}"
 python3 tests/fuzz/make_seeds.py "$build/seeds"
 mkdir -p "$build/crashes"
 

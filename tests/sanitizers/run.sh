@@ -9,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode="${1:?usage: tests/sanitizers/run.sh asan|tsan}"
+# Build jobs: one a core (nproc answers OMP_NUM_THREADS instead when it is set, as tsan sets it).
+jobs="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
 here="$PWD/tests/sanitizers"
 export UBSAN_OPTIONS="print_stacktrace=1"
 case "$mode" in
@@ -53,7 +55,7 @@ CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebI
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-Wno-pass-failed" \
   -DATTNSERVE_SANITIZE="$sanitize" \
   -DATTNSERVE_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 built=$SECONDS
 if (( ${#ctest_core[@]} )); then
   ctest --test-dir "$build" --output-on-failure "${ctest_core[@]}" -j2
