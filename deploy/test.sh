@@ -16,6 +16,6 @@ ctest --test-dir build --output-on-failure -L core -j2
 ctest --test-dir build --output-on-failure -LE core
 # Suites with their own builds or time bounds go here, one line each.
 deploy/scaleout-test.sh        # replicas: client round robin and nginx, a replica killed (~75 s)
-tests/fuzz/run.sh 30           # libFuzzer harnesses, 30 s each (build-fuzz/, clang-14)
-tests/sanitizers/run.sh asan   # ASan + UBSan build, the whole ctest suite (build-asan/)
+tests/fuzz/run.sh 30           # libFuzzer harnesses side by side for 30 s (build-fuzz/, clang-14)
+tests/sanitizers/run.sh asan   # ASan + UBSan build, the suites that run our C++ (build-asan/)
 tests/sanitizers/run.sh tsan   # TSan build, the server tests (build-tsan/)
