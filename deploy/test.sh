@@ -10,6 +10,14 @@ export npm_config_cache="$PWD/build/npm-cache" npm_config_logs_dir="$PWD/build/n
 # Formatting first: a few seconds, and a misformatted file fails before minutes of build.
 deploy/check-format.sh
 deploy/build.sh -DATTNSERVE_BUILD_TESTS=ON -DATTNSERVE_BUILD_BENCH=ON  # build.sh alone: serving only
+# The sanitizer builds start now, in the background at the lowest priority: they take the CPU the
+# suites below leave while they wait on servers. Each sanitizer's run below waits for its build
+# to end (a lock) and finds it done; a build that failed fails again there, in the log.
+mkdir -p build
+setsid nice -n 19 bash -c 'tests/sanitizers/run.sh asan --build-only
+  tests/sanitizers/run.sh tsan --build-only' >build/sanitizer-builds.log 2>&1 &
+background=$!
+trap 'kill -- "-$background" 2>/dev/null || true' EXIT
 # The engine's suites (label core) time nothing and run two at a time; the rest, which start
 # servers and wait on them, one at a time.
 ctest --test-dir build --output-on-failure -L core -j2

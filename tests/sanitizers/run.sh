@@ -4,11 +4,16 @@
 #                                  run our C++ (not OutOfMemoryTest, see below)
 #   tests/sanitizers/run.sh tsan   ThreadSanitizer, build-tsan/: the server tests (ctest label
 #                                  "server", which holds the scheduler's) but ShutdownTest
+#   tests/sanitizers/run.sh MODE --build-only   the build alone (deploy/test.sh starts both early,
+#                                  in the background); a run waits for a build of its tree that
+#                                  is going on (a lock), then finds it done
 # clang, not gcc: gcc's TSan crashes at load on the target_clones resolver of the attention tiles.
 # Any sanitizer report fails the test it happens in (-fno-sanitize-recover, TSan's exit code 66).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-mode="${1:?usage: tests/sanitizers/run.sh asan|tsan}"
+mode="${1:?usage: tests/sanitizers/run.sh asan|tsan [--build-only]}"
+build_only=0
+[[ "${2:-}" == --build-only ]] && build_only=1
 # Build jobs: one a core (nproc answers OMP_NUM_THREADS instead when it is set, as tsan sets it).
 jobs="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
 here="$PWD/tests/sanitizers"
@@ -51,12 +56,20 @@ start=$SECONDS
 # -Wno-pass-failed: ASan's checks keep clang from vectorizing the loop that core/dnnl_context.cc
 # asks to with `#pragma omp simd`, and it says so ("loop not vectorized"); speed is no aim here.
 export CMAKE_GENERATOR="${CMAKE_GENERATOR:-Ninja}"  # as deploy/build.sh
-CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-Wno-pass-failed" \
-  -DATTNSERVE_SANITIZE="$sanitize" \
-  -DATTNSERVE_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+mkdir -p "$build"
+(
+  flock 9
+  CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-Wno-pass-failed" \
+    -DATTNSERVE_SANITIZE="$sanitize" \
+    -DATTNSERVE_BUILD_BENCH=OFF >/dev/null
+  cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+) 9>"$build/.build-lock"
 built=$SECONDS
+if (( build_only )); then
+  echo "sanitizers $mode: built in $((built - start)) s"
+  exit 0
+fi
 if (( ${#ctest_core[@]} )); then
   ctest --test-dir "$build" --output-on-failure "${ctest_core[@]}" -j2
 fi
