@@ -10,10 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh
-# Ninja for a new build/ (it keeps every core busy where make's targets wait on each other); a
-# build/ configured before keeps its generator.
-export CMAKE_GENERATOR="${CMAKE_GENERATOR:-Ninja}"
+source deploy/build-env.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
   -DATTNSERVE_BUILD_TESTS=OFF -DATTNSERVE_BUILD_BENCH=OFF "$@"
-# One job a core: nproc answers OMP_NUM_THREADS instead when it is set.
-cmake --build build -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
+cmake --build build -j"$build_jobs"

@@ -21,10 +21,8 @@ setsid nice -n 19 bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true
   tests/sanitizers/run.sh tsan --build-only' >build/sanitizer-builds.log 2>&1 &
 background=$!
 trap 'kill -- "-$background" 2>/dev/null || true' EXIT
-# The engine's suites (label core) time nothing and run two at a time; the rest, which start
-# servers and wait on them, one at a time.
-ctest --test-dir build --output-on-failure -L core -j2
-ctest --test-dir build --output-on-failure -LE core
+source deploy/build-env.sh
+run_suites build ''
 # Suites with their own builds or time bounds go here, one line each.
 deploy/scaleout-test.sh        # replicas: client round robin and nginx, a replica killed (~75 s)
 tests/fuzz/run.sh 30           # libFuzzer harnesses side by side for 30 s (build-fuzz/, clang-14)

@@ -62,7 +62,7 @@ expect "install-deps with no flag: neither test nor torch packages" \
   eval '! has "$plain" chromium && ! has "$plain" python3-torch && has "$plain" cmake'
 
 # --- deploy/build.sh, with real cmake on a project that only declares the two options
-t=$(tree build deploy/build.sh)
+t=$(tree build deploy/build.sh deploy/build-env.sh)
 stub "$t/deploy/install-deps.sh"
 cat >"$t/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.25)
@@ -81,7 +81,7 @@ run "$work/build.log" "$t/deploy/build.sh"
 expect "build.sh again: off again" test "$(options)" == "$off"
 
 # --- deploy/test.sh: the order of its steps, each a stand-in
-t=$(tree test deploy/test.sh)
+t=$(tree test deploy/test.sh deploy/build-env.sh)
 for s in deploy/install-deps.sh deploy/build.sh deploy/scaleout-test.sh tests/fuzz/run.sh \
          tests/sanitizers/run.sh; do stub "$t/$s"; done
 stub "$t/deploy/check-format.sh" '[[ -z "${FORMAT_FAILS:-}" ]]'

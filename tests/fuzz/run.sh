@@ -17,12 +17,12 @@ build=build-fuzz
 # -Wno-pass-failed: the sanitizers' checks keep clang from vectorizing the loop that
 # core/dnnl_context.cc asks to with `#pragma omp simd`, and it says so ("loop not vectorized");
 # speed is no aim of this build.
-export CMAKE_GENERATOR="${CMAKE_GENERATOR:-Ninja}"  # as deploy/build.sh
+source deploy/build-env.sh
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-Wno-pass-failed" \
   -DATTNSERVE_SANITIZE=fuzzer-no-link,address,undefined \
   -DATTNSERVE_BUILD_FUZZERS=ON -DATTNSERVE_BUILD_TESTS=OFF >/dev/null
-cmake --build "$build" -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # as build.sh --target "${harnesses[@]}"
+cmake --build "$build" -j"$build_jobs" --target "${harnesses[@]}"
 python3 tests/fuzz/make_seeds.py "$build/seeds"
 mkdir -p "$build/crashes"
 

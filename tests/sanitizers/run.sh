@@ -14,8 +14,7 @@ cd "$(dirname "$0")/../.."
 mode="${1:?usage: tests/sanitizers/run.sh asan|tsan [--build-only]}"
 build_only=0
 [[ "${2:-}" == --build-only ]] && build_only=1
-# Build jobs: one a core (nproc answers OMP_NUM_THREADS instead when it is set, as tsan sets it).
-jobs="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
+source deploy/build-env.sh  # before tsan sets OMP_NUM_THREADS
 here="$PWD/tests/sanitizers"
 export UBSAN_OPTIONS="print_stacktrace=1"
 case "$mode" in
@@ -26,10 +25,7 @@ case "$mode" in
     # the docs' commands, the Node client, a browser drawing a report, a Prometheus scraping):
     # their calls into our C++ are the ones the C++ suites make.
     build=build-asan sanitize=address,undefined targets=(all)
-    # The engine's suites (label core) run two at a time, as in deploy/test.sh; one -LE regex,
-    # as ctest excludes a test only when it matches every -LE given.
-    ctest_core=(-L core -E '^OutOfMemoryTest\.')
-    ctest_rest=(-LE 'core|deploy|docs|node|browser|prometheus')
+    excluded_labels='deploy|docs|node|browser|prometheus' ctest_args=(-E '^OutOfMemoryTest\.')
     # Leaks: gRPC's c-ares resolver state is freed after LSan looks (lsan.supp says why).
     export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1"
     export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
@@ -40,8 +36,7 @@ case "$mode" in
     # under TSan by ProcessTest.SigtermFinishesCallsInFlightAndExitsZero.
     # Nor prometheus_scrape (what a Prometheus makes of /metrics; MetricsPortTest races scrapes).
     build=build-tsan sanitize=thread targets=(server_tests)
-    ctest_core=()
-    ctest_rest=(-L server -LE prometheus -E '^ShutdownTest\.')
+    ctest_args=(-L server -LE prometheus -E '^ShutdownTest\.')
     # OpenMP's runtimes (libomp for our kernel, libgomp inside oneDNN) are not instrumented:
     # one compute thread keeps their workers, and TSan's false reports about them, away.
     export OMP_NUM_THREADS=1
@@ -55,7 +50,6 @@ esac
 start=$SECONDS
 # -Wno-pass-failed: ASan's checks keep clang from vectorizing the loop that core/dnnl_context.cc
 # asks to with `#pragma omp simd`, and it says so ("loop not vectorized"); speed is no aim here.
-export CMAKE_GENERATOR="${CMAKE_GENERATOR:-Ninja}"  # as deploy/build.sh
 mkdir -p "$build"
 (
   flock 9
@@ -63,16 +57,17 @@ mkdir -p "$build"
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-Wno-pass-failed" \
     -DATTNSERVE_SANITIZE="$sanitize" \
     -DATTNSERVE_BUILD_BENCH=OFF >/dev/null
-  cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+  cmake --build "$build" -j"$build_jobs" --target "${targets[@]}"
 ) 9>"$build/.build-lock"
 built=$SECONDS
 if (( build_only )); then
   echo "sanitizers $mode: built in $((built - start)) s"
   exit 0
 fi
-if (( ${#ctest_core[@]} )); then
-  ctest --test-dir "$build" --output-on-failure "${ctest_core[@]}" -j2
+if [[ "$mode" == asan ]]; then
+  run_suites "$build" "$excluded_labels" "${ctest_args[@]}"
+else
+  ctest --test-dir "$build" --output-on-failure "${ctest_args[@]}"  # the server tests: none is core
 fi
-ctest --test-dir "$build" --output-on-failure "${ctest_rest[@]}"
 echo "sanitizers $mode: build $((built - start)) s, tests $((SECONDS - built)) s; CPU (user, sys):"
 times
