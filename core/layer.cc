@@ -104,7 +104,8 @@ struct PackedCall {
 };
 
 // One projection as the matmul sees it: W (f32 or bf16) in MatmulKey's layouts (w_ld 0: [n, k]
-// row-major; else W^T, [k, n] with rows w_ld apart), bias f32 [n] or null.
+// row-major; else W^T, [k, n] with rows w_ld apart), bias f32 [n] or null; and, when the layer
+// keeps them, the same columns in SmallMatmul's panels: `small`'s columns from `small_first`.
 struct Projection {
   const void* weights = nullptr;
   const float* bias = nullptr;
@@ -112,6 +113,8 @@ struct Projection {
   int64_t n = 0;
   bool bf16 = false;
   int64_t w_ld = 0;
+  const SmallMatmulWeights* small = nullptr;
+  int64_t small_first = 0;
 };
 
 // y[rows, n] = x[rows, k] W^T + b. `rows` must come from MatmulRows. A few f32 rows of a call
@@ -119,9 +122,8 @@ struct Projection {
 // the rest through oneDNN, with the team (a wide layer's weights read by every core).
 absl::Status Project(const Projection& p, int64_t rows, const void* x, float* y,
                      ThreadScratch& scratch) {
-  if (!p.bf16 && p.w_ld != 0 && rows <= kSmallMatmulRows && omp_get_max_threads() == 1) {
-    SmallMatmul(rows, p.k, p.n, static_cast<const float*>(x), static_cast<const float*>(p.weights),
-                p.w_ld, p.bias, y);
+  if (p.small != nullptr && rows <= kSmallMatmulRows && omp_get_max_threads() == 1) {
+    SmallMatmul(rows, *p.small, p.small_first, p.n, static_cast<const float*>(x), p.bias, y);
     return absl::OkStatus();
   }
   MatmulKey key{rows >= kRuntimeRowsFrom ? DNNL_RUNTIME_DIM_VAL : rows,
@@ -213,27 +215,36 @@ int64_t ForwardShapes::attention_size() const {
 // - bf16: nn.Linear's [n, k], W_q, W_k and W_v stacked row-wise (the same split: the first inner
 //   rows are Q); oneDNN's bf16 brgemm reads that as fast as W^T, and faster than W^T's column
 //   blocks.
+// - f32 again, in SmallMatmul's panels, for each matrix that a call or step can project serially
+//   (one row's pass under kSerialFlops; else null): the fused Q|K|V (unfused: W_q^T), W_k|W_v^T
+//   unfused, W_o^T. Up to about 2300 wide, f32 weights are thus held twice.
 struct Layer::Impl {
   LayerSpec spec;
   Precision precision = Precision::kF32;
   std::vector<float> w_qkv, w_o;         // f32 weights (W^T; empty for bf16)
   std::vector<float> b_qkv, b_o;         // biases, f32 for both precisions
   std::vector<uint16_t> w_qkv16, w_o16;  // bf16 weights
+  std::unique_ptr<const SmallMatmulWeights> small_in, small_kv, small_o;
 
   bool bf16() const { return precision == Precision::kBF16; }
   bool fused() const { return spec.serves_self_attention(); }
+  // An f32 projection: W^T at `w`, rows `ld` apart, and its columns in SmallMatmul's `small`.
+  static Projection F32(const float* w, const float* b, int64_t k, int64_t n, int64_t ld,
+                        const SmallMatmulWeights* small, int64_t small_first = 0) {
+    return {w, b, k, n, false, ld, small, small_first};
+  }
   const float* bias(const std::vector<float>& b, int64_t offset) const {
     return spec.has_bias ? b.data() + offset : nullptr;
   }
   Projection QKV() const {
     const int64_t n = 3 * spec.inner();
     if (bf16()) return {w_qkv16.data(), bias(b_qkv, 0), spec.d_model, n, true};
-    return {w_qkv.data(), bias(b_qkv, 0), spec.d_model, n, false, n};
+    return F32(w_qkv.data(), bias(b_qkv, 0), spec.d_model, n, n, small_in.get());
   }
   Projection Q() const {
     const int64_t n = spec.inner();
     if (bf16()) return {w_qkv16.data(), bias(b_qkv, 0), spec.d_model, n, true};
-    return {w_qkv.data(), bias(b_qkv, 0), spec.d_model, n, false, fused() ? 3 * n : n};
+    return F32(w_qkv.data(), bias(b_qkv, 0), spec.d_model, n, fused() ? 3 * n : n, small_in.get());
   }
   Projection KV() const {
     const int64_t inner = spec.inner();
@@ -241,12 +252,16 @@ struct Layer::Impl {
     if (bf16()) {
       return {w_qkv16.data() + inner * spec.d_model, b, spec.d_context, 2 * inner, true};
     }
-    if (fused()) return {w_qkv.data() + inner, b, spec.d_context, 2 * inner, false, 3 * inner};
-    return {w_qkv.data() + spec.d_model * inner, b, spec.d_context, 2 * inner, false, 2 * inner};
+    if (fused()) {
+      return F32(w_qkv.data() + inner, b, spec.d_context, 2 * inner, 3 * inner, small_in.get(),
+                 inner);
+    }
+    return F32(w_qkv.data() + spec.d_model * inner, b, spec.d_context, 2 * inner, 2 * inner,
+               small_kv.get());
   }
   Projection Out() const {
     if (bf16()) return {w_o16.data(), bias(b_o, 0), spec.inner(), spec.d_model, true};
-    return {w_o.data(), bias(b_o, 0), spec.inner(), spec.d_model, false, spec.d_model};
+    return F32(w_o.data(), bias(b_o, 0), spec.inner(), spec.d_model, spec.d_model, small_o.get());
   }
 
   absl::Status Run(const ForwardArgs& args, std::span<float> output,
@@ -335,6 +350,14 @@ absl::StatusOr<std::shared_ptr<const Layer>> Layer::Create(LayerWeights weights,
       const Projection out = impl->Out();
       if (!impl->w_o.empty())
         TransposeInto(weights.w_o, spec.d_model, inner, Destination(out), out.w_ld);
+      auto small = [](const Projection& p) -> std::unique_ptr<const SmallMatmulWeights> {
+        if (2.0 * static_cast<double>(p.k * p.n) >= kSerialFlops) return nullptr;
+        return std::make_unique<const SmallMatmulWeights>(
+            p.k, p.n, static_cast<const float*>(p.weights), p.w_ld);
+      };
+      impl->small_in = small(impl->fused() ? impl->QKV() : impl->Q());
+      if (!impl->fused()) impl->small_kv = small(impl->KV());
+      if (!impl->w_o.empty()) impl->small_o = small(out);
     }
     CpuEngine();  // fail here, not in the first call, if oneDNN cannot make an engine
     return std::shared_ptr<const Layer>(new Layer(std::move(impl)));
