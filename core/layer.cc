@@ -215,9 +215,10 @@ int64_t ForwardShapes::attention_size() const {
 // - bf16: nn.Linear's [n, k], W_q, W_k and W_v stacked row-wise (the same split: the first inner
 //   rows are Q); oneDNN's bf16 brgemm reads that as fast as W^T, and faster than W^T's column
 //   blocks.
-// - f32 again, in SmallMatmul's panels, for each matrix that a call or step can project serially
-//   (one row's pass under kSerialFlops; else null): the fused Q|K|V (unfused: W_q^T), W_k|W_v^T
-//   unfused, W_o^T. Up to about 2300 wide, f32 weights are thus held twice.
+// - f32 again, in SmallMatmul's panels, when a call or step can run serially: every call takes at
+//   least one row through every matrix, so one row's pass over all the weights must cost less
+//   than kSerialFlops (else null). The fused Q|K|V (unfused: W_q^T), W_k|W_v^T unfused, W_o^T.
+//   Up to about 2200 wide, f32 weights are thus held twice.
 struct Layer::Impl {
   LayerSpec spec;
   Precision precision = Precision::kF32;
@@ -350,14 +351,15 @@ absl::StatusOr<std::shared_ptr<const Layer>> Layer::Create(LayerWeights weights,
       const Projection out = impl->Out();
       if (!impl->w_o.empty())
         TransposeInto(weights.w_o, spec.d_model, inner, Destination(out), out.w_ld);
-      auto small = [](const Projection& p) -> std::unique_ptr<const SmallMatmulWeights> {
-        if (2.0 * static_cast<double>(p.k * p.n) >= kSerialFlops) return nullptr;
-        return std::make_unique<const SmallMatmulWeights>(
-            p.k, p.n, static_cast<const float*>(p.weights), p.w_ld);
-      };
-      impl->small_in = small(impl->fused() ? impl->QKV() : impl->Q());
-      if (!impl->fused()) impl->small_kv = small(impl->KV());
-      if (!impl->w_o.empty()) impl->small_o = small(out);
+      if (2.0 * static_cast<double>(impl->w_qkv.size() + impl->w_o.size()) < kSerialFlops) {
+        auto small = [](const Projection& p) {
+          return std::make_unique<const SmallMatmulWeights>(
+              p.k, p.n, static_cast<const float*>(p.weights), p.w_ld);
+        };
+        impl->small_in = small(impl->fused() ? impl->QKV() : impl->Q());
+        if (!impl->fused()) impl->small_kv = small(impl->KV());
+        if (!impl->w_o.empty()) impl->small_o = small(out);
+      }
     }
     CpuEngine();  // fail here, not in the first call, if oneDNN cannot make an engine
     return std::shared_ptr<const Layer>(new Layer(std::move(impl)));
