@@ -25,7 +25,7 @@ case "$mode" in
     # the docs' commands, the Node client, a browser drawing a report, a Prometheus scraping):
     # their calls into our C++ are the ones the C++ suites make.
     build=build-asan sanitize=address,undefined targets=(all)
-    excluded_labels='deploy|docs|node|browser|prometheus' ctest_args=(-E '^OutOfMemoryTest\.')
+    suites=(run_suites "$build" 'deploy|docs|node|browser|prometheus' -E '^OutOfMemoryTest\.')
     # Leaks: gRPC's c-ares resolver state is freed after LSan looks (lsan.supp says why).
     export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1"
     export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
@@ -35,8 +35,10 @@ case "$mode" in
     # TSan-slowed client misses on a loaded machine (1 run in 3 here); the drain is still run
     # under TSan by ProcessTest.SigtermFinishesCallsInFlightAndExitsZero.
     # Nor prometheus_scrape (what a Prometheus makes of /metrics; MetricsPortTest races scrapes).
+    # (Only server_tests is built, and none of its tests is labelled core: one plain ctest.)
     build=build-tsan sanitize=thread targets=(server_tests)
-    ctest_args=(-L server -LE prometheus -E '^ShutdownTest\.')
+    suites=(ctest --test-dir "$build" --output-on-failure -L server -LE prometheus
+            -E '^ShutdownTest\.')
     # OpenMP's runtimes (libomp for our kernel, libgomp inside oneDNN) are not instrumented:
     # one compute thread keeps their workers, and TSan's false reports about them, away.
     export OMP_NUM_THREADS=1
@@ -48,11 +50,12 @@ case "$mode" in
 esac
 
 start=$SECONDS
-# -Wno-pass-failed: ASan's checks keep clang from vectorizing the loop that core/dnnl_context.cc
-# asks to with `#pragma omp simd`, and it says so ("loop not vectorized"); speed is no aim here.
 mkdir -p "$build"
 (
   flock 9
+  # -Wno-pass-failed: ASan's checks keep clang from vectorizing the loop that
+  # core/dnnl_context.cc asks to with `#pragma omp simd`, and it says so ("loop not
+  # vectorized"); speed is no aim here.
   CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-Wno-pass-failed" \
     -DATTNSERVE_SANITIZE="$sanitize" \
@@ -64,10 +67,6 @@ if (( build_only )); then
   echo "sanitizers $mode: built in $((built - start)) s"
   exit 0
 fi
-if [[ "$mode" == asan ]]; then
-  run_suites "$build" "$excluded_labels" "${ctest_args[@]}"
-else
-  ctest --test-dir "$build" --output-on-failure "${ctest_args[@]}"  # the server tests: none is core
-fi
+"${suites[@]}"
 echo "sanitizers $mode: build $((built - start)) s, tests $((SECONDS - built)) s; CPU (user, sys):"
 times
