@@ -171,6 +171,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
                                  nullptr};
   mg_callbacks callbacks{};
   callbacks.log_message = &HttpServer::LogMessage;
+  // Every request, from the first the listener accepts: a handler set after mg_start (which
+  // already accepts) left a moment in which civetweb answered requests itself, 404.
+  callbacks.begin_request = &HttpServer::Handle;
   if (tls) callbacks.init_ssl = &HttpServer::InitTls;
   server->context_ = mg_start(&callbacks, server.get(), civet_options);
   if (server->context_ == nullptr) {
@@ -181,7 +184,6 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     return absl::UnavailableError(absl::StrCat("no port bound for ", o.listen));
   }
   server->port_ = bound.port;
-  mg_set_request_handler(server->context_, "/", &HttpServer::Handle, server.get());
   return server;
 }
 
@@ -221,8 +223,8 @@ absl::Status HttpServer::Authenticate(const mg_connection* connection) const {
   return options_.auth->Check(&value);
 }
 
-int HttpServer::Handle(mg_connection* connection, void* self_ptr) {
-  HttpServer& self = *static_cast<HttpServer*>(self_ptr);
+int HttpServer::Handle(mg_connection* connection) {
+  HttpServer& self = *static_cast<HttpServer*>(mg_get_user_data(mg_get_context(connection)));
   CivetExchange exchange(connection, self.closing_.load());
   if (mg_get_request_info(connection)->num_headers >= MG_MAX_HEADERS) {
     // civetweb keeps the first 64 and drops the rest silently: refuse rather than guess.

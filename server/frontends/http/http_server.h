@@ -58,7 +58,7 @@ class HttpServer {
 
  private:
   explicit HttpServer(HttpServerOptions options, HttpRouter router);
-  static int Handle(mg_connection* connection, void* self);
+  static int Handle(mg_connection* connection);
   static int InitTls(void* ssl_ctx, void* self);
   static int LogMessage(const mg_connection* connection, const char* message);
   absl::Status Authenticate(const mg_connection* connection) const;
