@@ -161,6 +161,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 }
 
 absl::Status Server::Init(const ServerOptions& options) {
+  // The first OpenMP call starts its runtime, and LLVM's (the sanitizer builds') opens a file in
+  // /dev/shm to do so: that must happen before callers can hold every descriptor, or it aborts.
+  const core::RuntimeInfo runtime = core::GetRuntimeInfo();
   metrics_ = MetricsOff(options.metrics_listen) ? Metrics::Disabled() : Metrics::Create();
   reporter_ = std::make_unique<CallReporter>(metrics_.get());
   const SchedulerOptions scheduler_options{
@@ -207,7 +210,7 @@ absl::Status Server::Init(const ServerOptions& options) {
     if (absl::Status status = WritePortFile(options.port_file, port_); !status.ok()) return status;
   }
   StartWatchers(options);
-  LogSummary(options);
+  LogSummary(options, runtime);
   return absl::OkStatus();
 }
 
@@ -401,8 +404,7 @@ absl::Status Server::StartMetrics(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
-void Server::LogSummary(const ServerOptions& options) const {
-  const core::RuntimeInfo runtime = core::GetRuntimeInfo();
+void Server::LogSummary(const ServerOptions& options, const core::RuntimeInfo& runtime) const {
   const bool tls = !options.tls.cert.empty();
   Log(LogLevel::kInfo, "attnserve listening",
       {{"address", address_},

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/runtime_info.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 #include "server/base/periodic_thread.h"
@@ -91,7 +92,7 @@ class Server {
   void SetServing(bool serving);
   absl::Status StartMetrics(const ServerOptions& options);
   absl::Status StartHttpPort(const ServerOptions& options);
-  void LogSummary(const ServerOptions& options) const;
+  void LogSummary(const ServerOptions& options, const core::RuntimeInfo& runtime) const;
 
   // Declared first: the schedulers and the service record into it until they are gone.
   std::unique_ptr<Metrics> metrics_;
