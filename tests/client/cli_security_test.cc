@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "tests/client/process.h"
 #include "tests/common/certificates.h"
+#include "tests/common/temp_dir.h"
 
 namespace attnserve::test {
 namespace {
@@ -20,7 +21,7 @@ constexpr int kUnavailable = 14;
 class SecureServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = MakeTempDir();
+    const std::string dir = MakeTempDir("client");
     absl::StatusOr<Certificates> made = MakeCertificates(dir);
     ASSERT_TRUE(made.ok()) << made.status();
     certs_ = new Certificates(*std::move(made));

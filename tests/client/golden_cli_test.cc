@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/client/process.h"
 #include "tests/common/golden.h"
+#include "tests/common/temp_dir.h"
 
 namespace attnserve::test {
 namespace {
@@ -92,7 +93,7 @@ std::vector<GoldenCase> GoldenCliTest::cases_;
 
 // Writes the case's arrays, runs infer, and returns the output file's array.
 FloatArray InferThroughCli(const std::string& target, const GoldenCase& c, bool packed) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("client");
   const std::string in = dir + "/in.npy", ctx = dir + "/ctx.npy", out = dir + "/out.npy";
   EXPECT_TRUE(client::WriteNpy(in, ToArray(c.input)).ok());
   std::vector<std::string> argv = {ATTNSERVE_CLIENT_BIN,

@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/client/process.h"
+#include "tests/common/temp_dir.h"
 
 namespace attnserve::client {
 namespace {
@@ -104,12 +105,12 @@ TEST(NpyTest, RefusesBrokenFiles) {
 TEST(NpyTest, FileErrorsAreStatuses) {
   EXPECT_EQ(ReadNpy("/nonexistent/x.npy").status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(WriteNpy("/nonexistent/dir/x.npy", {.shape = {1}, .values = {1}}).ok());
-  EXPECT_EQ(WriteNpy(test::MakeTempDir() + "/x.npy", {.shape = {2}, .values = {1}}).code(),
+  EXPECT_EQ(WriteNpy(test::MakeTempDir("client") + "/x.npy", {.shape = {2}, .values = {1}}).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST(NpyTest, FileRoundTrip) {
-  const std::string path = test::MakeTempDir() + "/a.npy";
+  const std::string path = test::MakeTempDir("client") + "/a.npy";
   FloatArray array{.shape = {2, 2}, .values = {1.5f, -2, 1e-30f, 3e30f}};
   ASSERT_TRUE(WriteNpy(path, array).ok());
   absl::StatusOr<FloatArray> back = ReadNpy(path);

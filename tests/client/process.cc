@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tests/common/temp_dir.h"
 
 extern char** environ;
 
@@ -63,15 +64,8 @@ std::string Describe(const ProgramResult& r) {
   return absl::StrCat("exit ", r.exit_code, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
 }
 
-std::string MakeTempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string pattern = absl::StrCat(base != nullptr ? base : "/tmp", "/attnserve-client-XXXXXX");
-  if (mkdtemp(pattern.data()) == nullptr) return "/tmp";
-  return pattern;
-}
-
 ProgramResult RunProgram(const std::vector<std::string>& argv, absl::Duration timeout) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("client");
   const std::string out = dir + "/stdout", err = dir + "/stderr";
   ProgramResult result;
   pid_t pid = Spawn(argv, out, err);
@@ -87,7 +81,7 @@ ProgramResult RunProgram(const std::vector<std::string>& argv, absl::Duration ti
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::string& server_binary, const std::vector<std::string>& extra_args) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("client");
   const std::string port_file = dir + "/port";
   // No metrics or REST port unless asked for: the default ones are machine-wide, and tests run
   // side by side.

@@ -24,9 +24,6 @@ struct ProgramResult {
 // The exit code and both outputs, for a failed expectation's message.
 std::string Describe(const ProgramResult& r);
 
-// A fresh private directory under TMPDIR (or /tmp), for the files one test writes.
-std::string MakeTempDir();
-
 // Runs argv[0] with its arguments, killing it after `timeout`.
 ProgramResult RunProgram(const std::vector<std::string>& argv,
                          absl::Duration timeout = absl::Seconds(120));

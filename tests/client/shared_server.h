@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "tests/client/process.h"
+#include "tests/common/temp_dir.h"
 
 namespace attnserve::test {
 
@@ -36,7 +37,7 @@ class SharedServerTest : public ::testing::Test {
   // Checks the server started, and makes the test's directory.
   void SetUp() override {
     ASSERT_NE(server_, nullptr);
-    dir_ = MakeTempDir();
+    dir_ = MakeTempDir("client");
   }
 
   // The running suite's server. One pointer serves every derived suite: gtest runs a suite's

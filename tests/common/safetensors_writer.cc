@@ -1,12 +1,8 @@
 #include "tests/common/safetensors_writer.h"
 
-#include <unistd.h>
-
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 
 #include "nlohmann/json.hpp"
@@ -99,15 +95,6 @@ uint16_t FloatToHalf(float value) {
   const uint32_t m = bits & 0x7fffffff;
   const uint32_t rounded = m + 0xfff + ((m >> 13) & 1);
   return sign | static_cast<uint16_t>((rounded - (112u << 23)) >> 13);
-}
-
-std::string MakeTempDir(const std::string& tag) {
-  static std::atomic<int> counter{0};
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      ("attnserve-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
-  std::filesystem::create_directories(dir);
-  return dir.string();
 }
 
 }  // namespace attnserve::test

@@ -48,7 +48,4 @@ void WriteBytes(const std::string& path, const std::string& bytes);
 uint16_t FloatToHalf(float value);
 uint16_t FloatToBFloat16(float value);
 
-// A fresh directory under the system temp dir, unique per call.
-std::string MakeTempDir(const std::string& tag);
-
 }  // namespace attnserve::test

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/common/safetensors_writer.h"
+#include "tests/common/temp_dir.h"
 
 namespace attnserve::core {
 namespace {

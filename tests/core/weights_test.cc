@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/golden.h"
 #include "tests/common/safetensors_writer.h"
+#include "tests/common/temp_dir.h"
 
 namespace attnserve::core {
 namespace {
@@ -403,7 +404,17 @@ void LimitAddressSpace(int64_t headroom_mib) {
 // way can exhaust: each failed allocation comes back as ResourceExhausted, none ends the process.
 TEST(OutOfMemoryTest, LoadingAndPreparingALayerAnswerWithAStatus) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const std::string path = test::MakeTempDir("oom") + "/big.safetensors";
+  // gtest's threadsafe style runs this test again in each child, so each child makes its own
+  // directory and removes it before _Exit (which runs no destructors).
+  const std::string dir = test::MakeTempDir("oom"), path = dir + "/big.safetensors";
+  const auto exit_with = [&dir](int code) {
+    std::error_code ignored;
+    try {
+      std::filesystem::remove_all(dir, ignored);
+    } catch (...) {  // out of memory under the limit: the directory stays, the code stands
+    }
+    std::_Exit(code);
+  };
   test::WriteSafetensorsFile(path, MakeSafetensors({PatternTensor("Wqkv.weight", {3072, 1024}),
                                                     PatternTensor("Wo.weight", {1024, 1024})},
                                                    {{"num_heads", "8"}}));
@@ -415,8 +426,8 @@ TEST(OutOfMemoryTest, LoadingAndPreparingALayerAnswerWithAStatus) {
             return s.ok() || s.code() == absl::StatusCode::kResourceExhausted;
           };
           absl::StatusOr<LayerWeights> w = LoadLayerWeights(path, {});
-          if (!w.ok()) std::_Exit(answered(w.status()) ? 0 : 1);
-          std::_Exit(answered(Layer::Create(*std::move(w), Precision::kBF16).status()) ? 0 : 2);
+          if (!w.ok()) exit_with(answered(w.status()) ? 0 : 1);
+          exit_with(answered(Layer::Create(*std::move(w), Precision::kBF16).status()) ? 0 : 2);
         },
         testing::ExitedWithCode(0), "")
         << headroom_mib << " MiB of headroom";

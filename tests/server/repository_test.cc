@@ -35,6 +35,7 @@
 #include "server/transport/admin_auth.h"
 #include "tests/common/golden.h"
 #include "tests/common/safetensors_writer.h"
+#include "tests/common/temp_dir.h"
 #include "tests/server/http_client.h"
 #include "tests/server/scrape.h"
 #include "tests/server/test_util.h"

@@ -26,6 +26,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "server/observability/log_setup.h"
+#include "tests/common/temp_dir.h"
 
 extern char** environ;
 
@@ -475,11 +476,7 @@ std::string ChildServer::Output() const {
 }
 
 std::string TempPath(const std::string& name) {
-  static const std::string dir = [] {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "attnserve-test-XXXXXX").string();
-    const char* made = mkdtemp(tmpl.data());
-    return std::string(made ? made : "/tmp");
-  }();
+  static const std::string dir = test::MakeTempDir("test");
   return dir + "/" + name;
 }
 
