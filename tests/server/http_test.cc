@@ -635,19 +635,19 @@ TEST(HttpSecurityTest, TlsAndMutualTlsWithTheMainPortsFiles) {
   options.tls.key = certs->server_key_path;
   std::unique_ptr<Server> server = StartServer(options);
   ASSERT_NE(server, nullptr);
-  const std::string https = absl::StrCat("https://localhost:", server->http_port());
+  const std::string https = absl::StrCat("https://127.0.0.1:", server->http_port());
   const HttpTls trust = Trusting(certs->ca_path);
   EXPECT_EQ(HttpCall("GET", https + "/v2/health/ready", "", {}, trust).status, 200);
   EXPECT_EQ(HttpCall("POST", https + "/v2/models/demo/infer", SmallCall(), {}, trust).status, 200);
   EXPECT_EQ(HttpCall("GET", https + "/v2").status, 0);  // an unknown CA
-  EXPECT_EQ(HttpCall("GET", absl::StrCat("http://localhost:", server->http_port(), "/v2")).status,
+  EXPECT_EQ(HttpCall("GET", absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2")).status,
             0);  // plaintext to a TLS port gets no HTTP answer
   server.reset();
 
   options.tls.client_ca = certs->ca_path;
   server = StartServer(options);
   ASSERT_NE(server, nullptr);
-  const std::string mtls = absl::StrCat("https://localhost:", server->http_port(), "/v2");
+  const std::string mtls = absl::StrCat("https://127.0.0.1:", server->http_port(), "/v2");
   EXPECT_EQ(HttpCall("GET", mtls, "", {}, trust).status, 0);  // no client certificate
   const HttpTls client{certs->ca_path, certs->client_cert_path, certs->client_key_path};
   EXPECT_EQ(HttpCall("GET", mtls, "", {}, client).status, 200);
@@ -666,7 +666,7 @@ TEST(HttpSecurityTest, ARotatedCertificateIsServedWithoutRestart) {
   options.tls.refresh_seconds = 1;
   std::unique_ptr<Server> server = StartServer(options);
   ASSERT_NE(server, nullptr);
-  const std::string url = absl::StrCat("https://localhost:", server->http_port(), "/v2");
+  const std::string url = absl::StrCat("https://127.0.0.1:", server->http_port(), "/v2");
   EXPECT_EQ(HttpCall("GET", url, "", {}, Trusting(first->ca_path)).status, 200);
   std::filesystem::copy_file(next->server_cert_path, cert,
                              std::filesystem::copy_options::overwrite_existing);

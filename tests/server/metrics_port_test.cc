@@ -262,7 +262,7 @@ TEST_F(MetricsPortTest, ScrapeNeedsABearerTokenFromTheFile) {
 
 TEST_F(MetricsPortTest, TokenFileThatCannotBeReadStopsTheStart) {
   ServerOptions options;
-  options.listen = "localhost:0";
+  options.listen = "127.0.0.1:0";
   options.metrics_listen = "127.0.0.1:0";
   options.metrics_token_file = TempPath("no-such-token-file");
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);

@@ -1,4 +1,4 @@
-// The model repository and versions over real channels to real servers at localhost:0, each on
+// The model repository and versions over real channels to real servers at 127.0.0.1:0, each on
 // a temporary repository the test writes: control modes, version policies, the repository API
 // and its refusals, files that are half written or broken, unloads with calls queued, the admin
 // token, versions in ListModels and ModelMetadata, and swaps under load with no call failed.

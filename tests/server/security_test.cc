@@ -1,4 +1,4 @@
-// Transport security on real servers at localhost:0 with openssl-made certificates: TLS, mTLS,
+// Transport security on real servers at 127.0.0.1:0 with openssl-made certificates: TLS, mTLS,
 // certificate rotation, bearer tokens (TLS and plaintext), the plaintext health-only port and
 // server reflection v1.
 
@@ -29,7 +29,7 @@ using std::chrono::seconds;
 constexpr char kToken[] = "s3cret-token-for-tests";
 constexpr char kOtherToken[] = "second-token";
 
-// A channel to localhost:`port` over TLS trusting `ca`, with a client certificate when given.
+// A channel to 127.0.0.1:`port` over TLS trusting `ca`, with a client certificate when given.
 std::shared_ptr<grpc::Channel> TlsChannel(int port, const std::string& ca,
                                           const std::string& client_cert = "",
                                           const std::string& client_key = "") {
@@ -40,7 +40,7 @@ std::shared_ptr<grpc::Channel> TlsChannel(int port, const std::string& ca,
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);  // rotation test reconnects
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-  return grpc::CreateCustomChannel(absl::StrCat("localhost:", port), grpc::SslCredentials(tls),
+  return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port), grpc::SslCredentials(tls),
                                    args);
 }
 
@@ -248,7 +248,7 @@ TEST_F(SecurityTest, StartRefusesMissingOrHalfConfiguredSecurity) {
   options.tls.key = TempPath("no-such.key");
   EXPECT_EQ(Server::Start(options).status().code(), absl::StatusCode::kInvalidArgument);
   options = ServerOptions{};
-  options.listen = "localhost:0";
+  options.listen = "127.0.0.1:0";
   options.auth_token_file = WriteTokens("empty-tokens", "# only a comment\n\n");
   EXPECT_EQ(Server::Start(options).status().code(), absl::StatusCode::kInvalidArgument);
 }

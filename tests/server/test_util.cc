@@ -154,7 +154,7 @@ std::unique_ptr<Server> StartServer(ServerOptions options) {
   const char* level_name = std::getenv("ATTNSERVE_TEST_LOG");
   auto level = ParseLogLevel(level_name ? level_name : "off");
   InitLogging(level.ok() ? *level : LogLevel::kOff, LogFormat::kText);
-  options.listen = "localhost:0";
+  options.listen = "127.0.0.1:0";
   // The default metrics port is machine-wide, and tests run side by side.
   if (options.metrics_listen == kDefaultMetricsListen) options.metrics_listen = "off";
   if (options.http_listen == kDefaultHttpListen) options.http_listen = "off";
@@ -171,7 +171,7 @@ std::shared_ptr<grpc::Channel> Connect(int port) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  return grpc::CreateCustomChannel(absl::StrCat("localhost:", port),
+  return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
                                    grpc::InsecureChannelCredentials(), args);
 }
 
