@@ -334,8 +334,12 @@ void ModelMetrics::SessionRefused(SessionRefusal why) {
   if (sessions_ != nullptr) sessions_refused_[static_cast<int>(why)]->Increment();
 }
 
-void ModelMetrics::SetKvCacheBytes(int64_t bytes) {
-  if (kv_cache_bytes_ != nullptr) kv_cache_bytes_->Set(static_cast<double>(bytes));
+void ModelMetrics::SetKvCacheBytes(const std::atomic<int64_t>& bytes) {
+  if (kv_cache_bytes_ == nullptr) return;
+  // A load then a Set by each of two threads could end with the earlier load's value shown
+  // for good; under the lock the last Set reads what both threads did.
+  std::lock_guard lock(kv_cache_bytes_mu_);
+  kv_cache_bytes_->Set(static_cast<double>(bytes.load()));
 }
 
 void ModelMetrics::DecodeRun(int64_t tokens) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
@@ -81,12 +82,13 @@ class ModelMetrics {
 
   // Decode sessions: one opened or closed (attnserve_sessions), one refused for `why`
   // (attnserve_sessions_refused_total), the bytes the model's caches hold now
-  // (attnserve_kv_cache_bytes), and one compute run of decode steps holding `tokens` new tokens
-  // (attnserve_decode_tokens_total, attnserve_decode_step_tokens).
+  // (attnserve_kv_cache_bytes: `bytes` read under a lock, so that of two threads that changed
+  // it, the later Set shows both changes), and one compute run of decode steps holding `tokens`
+  // new tokens (attnserve_decode_tokens_total, attnserve_decode_step_tokens).
   void SessionOpened();
   void SessionClosed();
   void SessionRefused(SessionRefusal why);
-  void SetKvCacheBytes(int64_t bytes);
+  void SetKvCacheBytes(const std::atomic<int64_t>& bytes);
   void DecodeRun(int64_t tokens);
 
  private:
@@ -107,6 +109,7 @@ class ModelMetrics {
   prometheus::Counter* late_compute_ = nullptr;
   prometheus::Gauge* sessions_ = nullptr;
   prometheus::Gauge* kv_cache_bytes_ = nullptr;
+  std::mutex kv_cache_bytes_mu_;  // a load and its Set, one at a time
   prometheus::Counter* decode_tokens_ = nullptr;
   prometheus::Histogram* decode_step_tokens_ = nullptr;
   std::array<prometheus::Counter*, kSessionRefusals> sessions_refused_{};

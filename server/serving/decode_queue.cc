@@ -266,7 +266,7 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
     running_ = false;
     if (pending_.empty()) idle_cv_.notify_all();
   }
-  if (metrics_ != nullptr) metrics_->SetKvCacheBytes(kv_bytes_.load());
+  if (metrics_ != nullptr) metrics_->SetKvCacheBytes(kv_bytes_);
   for (auto& [done, answer] : answers) done(answer);
 }
 

@@ -105,7 +105,7 @@ Session::~Session() {
   manager_->open_.fetch_sub(1);
   if (metrics_ != nullptr) {
     metrics_->SessionClosed();
-    metrics_->SetKvCacheBytes(queue_->kv_bytes().load());
+    metrics_->SetKvCacheBytes(queue_->kv_bytes());
   }
 }
 
