@@ -283,15 +283,18 @@ TEST_F(DecodeServiceTest, SessionsPastTheLimitOrOnAnUnknownModelEndTheirStream) 
 }
 
 // Steps of many sessions waiting together run as one compute run, and a long prompt runs in
-// chunks, so a step that arrives after it is answered before it.
+// chunks, so a step that arrives after it is answered before it: it runs with one of its
+// chunks, in a run smaller than a chunk alone.
 TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
   ServerOptions options;
   options.metrics_listen = "127.0.0.1:0";
-  options.max_session_tokens = 4096;
+  options.max_session_tokens = 8192;
   server_ = StartServer(options);
   ASSERT_NE(server_, nullptr);
   stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
-  std::vector<float> long_prompt(2048 * kWidth);
+  // Long enough that the step, sent after the prompt's first chunk, comes while it runs.
+  constexpr int64_t kPrompt = 4096;
+  std::vector<float> long_prompt(kPrompt * kWidth);
   for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = std::sin(0.001f * i);
   grpc::ClientContext long_context, short_context;
   std::unique_ptr<Stream> long_stream = Open(&long_context);
@@ -299,23 +302,17 @@ TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
   v1::DecodeRequest first = Tokens(0, 4);
   first.set_kind(v1::ATTENTION_KIND_CAUSAL);
   ASSERT_EQ(Exchange(*short_stream, first).error_code(), 0);
-  v1::DecodeRequest prompt = StepOf({long_prompt.data()}, {0}, {2048}, kWidth);
+  v1::DecodeRequest prompt = StepOf({long_prompt.data()}, {0}, {kPrompt}, kWidth);
   prompt.set_kind(v1::ATTENTION_KIND_CAUSAL);
   ASSERT_TRUE(long_stream->Write(prompt));
   // Once the prompt's first chunk has run, the step arrives in the middle of the prompt.
   for (int i = 0; i < 1000 && Counter("attnserve_decode_tokens_total") <= 4; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  const auto sent = std::chrono::steady_clock::now();
   ASSERT_EQ(Exchange(*short_stream, Tokens(4, 1)).error_code(), 0);
-  const auto step_answered = std::chrono::steady_clock::now();
   v1::DecodeResponse prompt_answer;
   ASSERT_TRUE(long_stream->Read(&prompt_answer));
-  const auto prompt_answered = std::chrono::steady_clock::now();
   EXPECT_EQ(prompt_answer.error_code(), 0) << prompt_answer.error_message();
-  EXPECT_LT(step_answered, prompt_answered)
-      << "the step waited " << std::chrono::duration<double>(step_answered - sent).count()
-      << " s, behind the whole prompt";
   absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
   ASSERT_TRUE(samples.ok()) << samples.status();
   // The step ran in a run with a chunk of the prompt, a smaller one than the prompt's runs
@@ -328,7 +325,7 @@ TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
     return (*samples)[SeriesKey("attnserve_decode_step_tokens_bucket",
                                 {{"le", tokens}, {"model", "demo"}})];
   };
-  EXPECT_GE(runs, 2 + 2048 / 256 - 1);
+  EXPECT_GE(runs, 2 + kPrompt / 256 - 1);
   EXPECT_EQ(runs_up_to("256"), runs) << "a run held the step and a whole chunk of the prompt";
   EXPECT_GT(runs_up_to("128") - runs_up_to("4"), 0) << "no run merged the step with a chunk";
   for (Stream* stream : {long_stream.get(), short_stream.get()}) {
@@ -456,9 +453,15 @@ TEST_F(DecodeServiceTest, ASequenceIdleLongerThanTheTimeoutEnds) {
   ASSERT_TRUE(
       infer->ModelInfer(&start_context, SequenceRequest(sequence_, 0, 4, 3, true, false), &response)
           .ok());
+  const auto started = std::chrono::steady_clock::now();
   EXPECT_EQ(Gauge("attnserve_sessions"), 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  // The reaper looks every 250 ms; a loaded machine may wake it late.
+  for (int i = 0; i < 500 && Gauge("attnserve_sessions") > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(900))
+      << "ended before its idle timeout";
   grpc::ClientContext late_context;
   EXPECT_EQ(
       infer->ModelInfer(&late_context, SequenceRequest(sequence_, 4, 1, 3, false, false), &response)
