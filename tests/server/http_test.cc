@@ -805,7 +805,8 @@ TEST(HttpDrainTest, EveryCallThroughSigtermIsAnsweredOkOrUnavailable) {
   const std::string port_file = TempPath("http-drain.port");
   const int http_port = FreePort();
   ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--http-listen",
-                     absl::StrCat("127.0.0.1:", http_port), "--shutdown-grace", "5"},
+                     absl::StrCat("127.0.0.1:", http_port), "--shutdown-grace", "5",
+                     "--queue-delay-target-ms", "0"},  // no shedding (429), as ProcessTest's
                     TempPath("http-drain.log"));
   ASSERT_GT(child.WaitForPort(port_file, std::chrono::seconds(20)), 0) << child.Output();
   const std::string url = absl::StrCat("http://127.0.0.1:", http_port, "/v2/models/demo/infer");
@@ -823,7 +824,14 @@ TEST(HttpDrainTest, EveryCallThroughSigtermIsAnsweredOkOrUnavailable) {
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The signal comes once the load runs, however slow the machine.
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard lock(mu);
+      if (statuses[200] > 16) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   child.Signal(SIGTERM);
   const int exit_code = child.Wait(std::chrono::seconds(30));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));

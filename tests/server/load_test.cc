@@ -174,8 +174,10 @@ TEST(ShutdownTest, HealthGoesNotServingNewCallsAreRefusedQueuedCallsFinish) {
   ASSERT_NE(server, nullptr);
   const int port = server->port();
   std::vector<grpc::StatusCode> queued;
+  // Long enough (8x1024, as above) that the first has not finished when the last, on its own
+  // new channel, arrives.
   std::thread callers(
-      [&] { queued = FireTogether(port, 4, DemoRequest(8, 512), std::chrono::seconds(30)); });
+      [&] { queued = FireTogether(port, 4, DemoRequest(8, 1024), std::chrono::seconds(30)); });
   for (int i = 0; i < 2000 && server->pending_calls() < 4; ++i) {
     std::this_thread::sleep_for(milliseconds(1));
   }

@@ -69,11 +69,13 @@ class Repo {
     fs::rename(dir / "model.tmp", dir / "model.safetensors");
   }
 
-  // Writes `bytes` as a version's file directly (a broken or half-written one).
+  // Puts `bytes` as a version's file (a broken or half-written one), whole at once: a poll
+  // between a write's start and end would see a third file, and count a second failure.
   void WriteVersion(const std::string& name, int version, const std::string& bytes) {
     const fs::path dir = fs::path(dir_) / name / std::to_string(version);
     fs::create_directories(dir);
-    test::WriteBytes((dir / "model.safetensors").string(), bytes);
+    test::WriteBytes((dir / "model.tmp").string(), bytes);
+    fs::rename(dir / "model.tmp", dir / "model.safetensors");
   }
 
   void RemoveVersion(const std::string& name, int version) {
