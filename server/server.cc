@@ -349,14 +349,15 @@ void Server::DrainLocked(std::chrono::milliseconds grace, std::chrono::milliseco
   drained_ = true;
   const auto start = std::chrono::steady_clock::now();
   Log(LogLevel::kInfo, "shutting down: draining calls", {{"address", address_}});
-  // The listener is about to close on purpose: its watchdog must not take that for deafness.
-  watchdog_.reset();
-  token_reloader_.reset();
-  // Load balancers first, so they stop sending; then refuse what still arrives.
+  // Load balancers first, so they stop sending; then refuse what still arrives. Before the
+  // threads below are joined: a watchdog probe under way takes up to its deadline (3 s).
   SetServing(false);
   admission_->StopAccepting();
   // REST replies from now on say Connection: close, so keep-alive clients reconnect elsewhere.
   if (http_server_ != nullptr) http_server_->CloseConnections();
+  // The listener is about to close on purpose: its watchdog must not take that for deafness.
+  watchdog_.reset();
+  token_reloader_.reset();
   registry_->Drain(start + grace);
   // The lame duck counts from the end of the drain: however long the drain took, a call that
   // arrives now is still refused UNAVAILABLE by the service, not cut by gRPC's shutdown.
