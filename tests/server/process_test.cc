@@ -81,6 +81,11 @@ TEST(ProcessTest, SigtermFinishesCallsInFlightAndExitsZero) {
   }
   EXPECT_EQ(queued(), kCalls / 2);
   child.Signal(SIGTERM);
+  // The late calls go once the drain has begun: on a loaded machine they could otherwise all
+  // arrive before the signal thread ran.
+  for (int i = 0; i < 1000 && child.Output().find("shutting down") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
   signalled.store(true);
   for (auto& t : callers) t.join();
   const int exit_code = child.Wait(seconds(30));
