@@ -456,9 +456,7 @@ TEST_F(DecodeServiceTest, ASequenceIdleLongerThanTheTimeoutEnds) {
   const auto started = std::chrono::steady_clock::now();
   EXPECT_EQ(Gauge("attnserve_sessions"), 1);
   // The reaper looks every 250 ms; a loaded machine may wake it late.
-  for (int i = 0; i < 500 && Gauge("attnserve_sessions") > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitFor([&] { return Gauge("attnserve_sessions") == 0; }, std::chrono::milliseconds(5000));
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
   EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(900))
       << "ended before its idle timeout";

@@ -825,13 +825,12 @@ TEST(HttpDrainTest, EveryCallThroughSigtermIsAnsweredOkOrUnavailable) {
     });
   }
   // The signal comes once the load runs, however slow the machine.
-  for (int i = 0; i < 2000; ++i) {
-    {
-      std::lock_guard lock(mu);
-      if (statuses[200] > 16) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitFor(
+      [&] {
+        std::lock_guard lock(mu);
+        return statuses[200] > 16;
+      },
+      std::chrono::seconds(20));
   child.Signal(SIGTERM);
   const int exit_code = child.Wait(std::chrono::seconds(30));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));

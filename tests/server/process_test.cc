@@ -83,9 +83,7 @@ TEST(ProcessTest, SigtermFinishesCallsInFlightAndExitsZero) {
   child.Signal(SIGTERM);
   // The late calls go once the drain has begun: on a loaded machine they could otherwise all
   // arrive before the signal thread ran.
-  for (int i = 0; i < 1000 && child.Output().find("shutting down") == std::string::npos; ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitFor([&] { return child.Output().find("shutting down") != std::string::npos; });
   signalled.store(true);
   for (auto& t : callers) t.join();
   const int exit_code = child.Wait(seconds(30));
@@ -233,13 +231,12 @@ TEST(ProcessTest, EveryCallInADrainEndsOkOrUnavailable) {
     });
   }
   // The signal comes once the load runs, however slow the machine.
-  for (int i = 0; i < 2000; ++i) {
-    {
-      std::lock_guard lock(mu);
-      if (codes[grpc::StatusCode::OK] > kCallers) break;
-    }
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitFor(
+      [&] {
+        std::lock_guard lock(mu);
+        return codes[grpc::StatusCode::OK] > kCallers;
+      },
+      seconds(20));
   child.Signal(SIGTERM);
   const int exit_code = child.Wait(seconds(30));
   // The callers go on past the exit: calls after it find no server (UNAVAILABLE).

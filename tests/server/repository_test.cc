@@ -219,16 +219,6 @@ class Client {
   std::unique_ptr<inference::GRPCInferenceService::Stub> oip_;
 };
 
-// Waits up to `timeout` for `done`.
-bool WaitFor(const std::function<bool()>& done, milliseconds timeout = milliseconds(10000)) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return done();
-}
-
 using States = std::map<uint64_t, v1::ModelState>;
 constexpr v1::ModelState kReady = v1::MODEL_STATE_READY;
 

@@ -475,6 +475,15 @@ std::string ChildServer::Output() const {
   return ss.str();
 }
 
+bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
 std::string TempPath(const std::string& name) {
   static const std::string dir = test::MakeTempDir("test");
   return dir + "/" + name;

@@ -1,6 +1,6 @@
 #pragma once
 
-// Helpers of the service tests: real servers at localhost:0, real channels, request builders,
+// Helpers of the service tests: real servers at 127.0.0.1:0, real channels, request builders,
 // health and reflection calls through gRPC's generic stub, and child processes of the real
 // attnserve binary.
 
@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,5 +114,9 @@ class ChildServer {
 
 // A fresh path in the test's temporary directory.
 std::string TempPath(const std::string& name);
+
+// Polls `done` every 20 ms for up to `timeout`; its last answer.
+bool WaitFor(const std::function<bool()>& done,
+             std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 
 }  // namespace attnserve::server::testing

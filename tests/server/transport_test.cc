@@ -101,9 +101,7 @@ TEST(TransportTest, DescriptorExhaustionEndsServingOrExitedNonZero) {
     ASSERT_GT(write(fd, kPreface, sizeof(kPreface) - 1), 0);
     held.push_back(fd);
   }
-  for (int i = 0; i < 100 && child.Output().find("Too many open files") == std::string::npos; ++i) {
-    std::this_thread::sleep_for(milliseconds(100));
-  }
+  WaitFor([&] { return child.Output().find("Too many open files") != std::string::npos; });
   ASSERT_NE(child.Output().find("Too many open files"), std::string::npos)
       << "descriptors did not run out, the test proves nothing:\n"
       << child.Output();
