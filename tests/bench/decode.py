@@ -13,12 +13,16 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
   tokens/s (64 streams of one sequence, one stream of B = 64; prompt 512 and 4096, 128 steps
   of 1 token), as a ratio to it (target >= 0.6 on the 768-wide layer);
 - the ceiling with the load tester on the same cores (prompt 512, 768-wide): per token, the
-  client's CPU, gRPC's own server CPU per message (grpc_floor) and the attention's memory time
-  on every core must fit in the cores' time; the sessions' tokens/s as a share of that;
+  client's CPU, gRPC's own server CPU per message (grpc_floor, 16 streams in flight) and the
+  attention's memory time on every core must fit in the cores' time; the sessions' tokens/s as
+  a share of that;
 - recompute: the same generation done by Forward over the whole prefix each step, one
   sequence, 768-wide, prompts 128, 512 and 2048 (target >= 20x at 512);
 - server CPU (/proc/PID/stat utime + stime) per 1-token streamed step / per unary 1x1 Forward
-  (target <= 0.6), beside the same ratio for gRPC alone (grpc_floor.cc, an echo server);
+  (target <= 0.6), 1 and 16 in flight, with the load tester as the client and with gRPC's
+  generic client (grpc_floor --drive --attnserve); beside the same ratio for gRPC alone with that
+  client (grpc_floor.cc, an echo server), and attnserve's own CPU above gRPC's per step and per
+  call;
 - step latency p99 of 32 sessions with and without 4096-token prompts arriving (chunked
   prefill; target <= 2x);
 - peer: the same session workload (768-wide, 64 streams of one sequence and one stream of
@@ -231,12 +235,17 @@ def recompute_rows(bench, model, prompts, steps):
     return rows
 
 
+def median(values):
+    return sorted(values)[len(values) // 2]
+
+
 def cpu_ratio(server, bench, model, quick):
-    """Server CPU per 1-token streamed step / per unary 1x1 Forward, 1 and 16 in flight. Each
-    session steps 128 times (its cache stays short: the step's attention costs next to nothing),
-    and the Forward calls are as many as the messages of the sessions (prompt and steps). Steps
-    and calls alternate three times (once with --quick), each measure over at least ~2000
-    messages a rep (/proc counts CPU in 10 ms ticks); the medians are printed."""
+    """Server CPU per 1-token streamed step / per unary 1x1 Forward, 1 and 16 in flight, with the
+    load tester as the client. Each session steps 128 times (its cache stays short: the step's
+    attention costs next to nothing), and the Forward calls are as many as the messages of the
+    sessions (prompt and steps). Steps and calls alternate three times (once with --quick), each
+    measure over at least ~2000 messages a rep (/proc counts CPU in 10 ms ticks); the medians are
+    printed."""
     rows = []
     reps = 1 if quick else 3
     steps = 128
@@ -254,39 +263,68 @@ def cpu_ratio(server, bench, model, quick):
                           messages, "--duration", 0, "-c", in_flight, "--warmup-seconds", 0,
                           "--warmup", 0)
             forward_cpus.append((server.cpu_seconds() - before) / r["ok"])
-        step_cpu = sorted(step_cpus)[len(step_cpus) // 2]
-        forward_cpu = sorted(forward_cpus)[len(forward_cpus) // 2]
+        step_cpu, forward_cpu = median(step_cpus), median(forward_cpus)
         rows.append((in_flight, step_cpu, forward_cpu))
-        print(f"  server CPU, {in_flight:2d} in flight: {step_cpu * 1e6:.1f} us per streamed "
+        print(f"  load tester, {in_flight:2d} in flight: {step_cpu * 1e6:.1f} us per streamed "
               f"1-token step, {forward_cpu * 1e6:.1f} us per unary 1x1 Forward -> "
               f"{step_cpu / forward_cpu:.2f} (medians of {reps})", flush=True)
     return rows
 
 
-def grpc_floor(build, workdir, messages, per_stream=129):
-    """gRPC's own server CPU per streamed message and per unary call, one in flight: grpc_floor.cc
-    (a callback server, as attnserve's, that only echoes bytes) driven by its own C++ client
-    (--drive, gRPC's generic stub) with 1 KiB messages, a demo step's size; streams of
-    `per_stream` messages, as cpu_ratio's sessions."""
+def generic_client_cpu(build, pid, target, messages, in_flight, reps, model=None):
+    """Server CPU per streamed message and per unary call of grpc_floor's client (gRPC's generic
+    stub, callback API: the cheapest client gRPC has), `in_flight` callers, streams of 129
+    messages: against the echo server, or (`model`) attnserve's 1-token Decode steps and 1x1
+    causal Forward calls. Medians of `reps` runs."""
+    argv = [os.path.join(build, "tests", "bench", "grpc_floor"), "--drive", target, "--pid",
+            str(pid), "--messages", str(messages), "--in-flight", str(in_flight)]
+    if model is not None:
+        argv += ["--attnserve", model]
+    streams, calls = [], []
+    for _ in range(reps):
+        r = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
+        streams.append(r["stream_message_cpu_us"] / 1e6)
+        calls.append(r["unary_cpu_us"] / 1e6)
+    return median(streams), median(calls)
+
+
+def grpc_floor(build, workdir, messages, reps):
+    """gRPC's own server CPU per streamed message and per unary call, 1 and 16 in flight:
+    grpc_floor.cc (a callback server, as attnserve's, that only echoes bytes, 1 KiB messages as a
+    demo step's) driven by its own client. Returns {in_flight: (message, call)}."""
     binary = os.path.join(build, "tests", "bench", "grpc_floor")
     port_file = os.path.join(workdir, "grpc-floor-port")
     if os.path.exists(port_file):
         os.remove(port_file)
     proc = subprocess.Popen([binary, "--port-file", port_file])
+    floor = {}
     try:
         port = wait_for_port(proc, port_file, "grpc_floor", timeout=30)
-        out = subprocess.run([binary, "--drive", f"127.0.0.1:{port}",
-                              "--pid", str(proc.pid), "--messages", str(messages),
-                              "--per-stream", str(per_stream)],
-                             check=True, capture_output=True, text=True).stdout
+        for in_flight in (1, 16):
+            floor[in_flight] = generic_client_cpu(build, proc.pid, f"127.0.0.1:{port}", messages,
+                                                  in_flight, reps)
+            stream_cpu, unary_cpu = floor[in_flight]
+            print(f"  gRPC alone (grpc_floor), {in_flight:2d} in flight: {stream_cpu * 1e6:.1f} us "
+                  f"per streamed message, {unary_cpu * 1e6:.1f} us per unary call -> "
+                  f"{stream_cpu / unary_cpu:.2f}", flush=True)
     finally:
         proc.terminate()
         proc.wait()
-    r = json.loads(out)
-    stream_cpu, unary_cpu = r["stream_message_cpu_us"] / 1e6, r["unary_cpu_us"] / 1e6
-    print(f"  gRPC alone (grpc_floor): {stream_cpu * 1e6:.1f} us per streamed message, "
-          f"{unary_cpu * 1e6:.1f} us per unary call -> {stream_cpu / unary_cpu:.2f}", flush=True)
-    return stream_cpu, unary_cpu
+    return floor
+
+
+def same_client_rows(server, build, model, messages, reps):
+    """attnserve's server CPU per step and per call with the floor's own client, so that the two
+    differ from gRPC's floor by attnserve's work alone."""
+    rows = []
+    for in_flight in (1, 16):
+        step_cpu, forward_cpu = generic_client_cpu(build, server.proc.pid, server.target, messages,
+                                                   in_flight, reps, model)
+        rows.append((in_flight, step_cpu, forward_cpu))
+        print(f"  gRPC's generic client, {in_flight:2d} in flight: {step_cpu * 1e6:.1f} us per "
+              f"streamed 1-token step, {forward_cpu * 1e6:.1f} us per unary 1x1 Forward -> "
+              f"{step_cpu / forward_cpu:.2f}", flush=True)
+    return rows
 
 
 def prefill_p99(bench, model, steps):
@@ -350,7 +388,8 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
     models = [("demo", 256), ("wide", 768)]
     table["bandwidth"] = bandwidth
     print("gRPC's own floor:", flush=True)
-    table["floor"] = grpc_floor(args.build, workdir, 1032 if args.quick else 4128)
+    floor_messages, floor_reps = (1032, 1) if args.quick else (8256, 3)
+    table["floor"] = grpc_floor(args.build, workdir, floor_messages, floor_reps)
     specs = ["demo=built-in", f"wide={layer}:num_heads=12"]
     for precision, element_bytes in (("f32", 4), ("bf16", 2)):
         server = Server(server_bin, workdir, specs,
@@ -364,13 +403,16 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
             if precision == "f32":
                 print("the ceiling with the load tester on the same cores (768-wide, f32):",
                       flush=True)
-                table["shared"] = shared_cores_rows(server, bench, bandwidth, table["floor"][0],
+                table["shared"] = shared_cores_rows(server, bench, bandwidth,
+                                                    table["floor"][16][0],
                                                     "wide", 768, element_bytes, lengths[0][0],
                                                     lengths[0][1], steps)
                 print("against recompute (768-wide, one sequence):", flush=True)
                 table["recompute"] = recompute_rows(bench, "wide", [128, 512, 2048], steps)
                 print("serving cost (demo layer):", flush=True)
                 table["cpu"] = cpu_ratio(server, bench, "demo", args.quick)
+                table["cpu_generic"] = same_client_rows(server, args.build, "demo",
+                                                        floor_messages, floor_reps)
                 print("chunked prefill (768-wide, 32 sessions):", flush=True)
                 table["prefill"] = prefill_p99(bench, "wide", 2 * steps)
         finally:
@@ -391,14 +433,19 @@ def print_other_rows(table):
         print(f"| session / recompute, 768-wide, prompt {prompt} | "
               f"{session:.0f} / {recompute:.1f} = {session / recompute:.1f}x | "
               f"{'>= 20x' if prompt == 512 else ''} |")
-    for in_flight, step_cpu, forward_cpu in table["cpu"]:
-        print(f"| server CPU per streamed 1-token step / per unary 1x1 Forward, {in_flight} in "
-              f"flight | {step_cpu * 1e6:.1f} us / {forward_cpu * 1e6:.1f} us = "
-              f"{step_cpu / forward_cpu:.2f} | <= 0.6 |")
-    stream_cpu, unary_cpu = table["floor"]
-    print(f"| gRPC alone: server CPU per streamed message / per unary call, 1 in flight | "
-          f"{stream_cpu * 1e6:.1f} us / {unary_cpu * 1e6:.1f} us = {stream_cpu / unary_cpu:.2f} "
-          f"| (floor) |")
+    for client, key in (("the load tester", "cpu"), ("gRPC's generic client", "cpu_generic")):
+        for in_flight, step_cpu, forward_cpu in table[key]:
+            print(f"| server CPU per streamed 1-token step / per unary 1x1 Forward, {client}, "
+                  f"{in_flight} in flight | {step_cpu * 1e6:.1f} us / {forward_cpu * 1e6:.1f} us "
+                  f"= {step_cpu / forward_cpu:.2f} | <= 0.6 |")
+    for in_flight, step_cpu, forward_cpu in table["cpu_generic"]:
+        stream_cpu, unary_cpu = table["floor"][in_flight]
+        print(f"| gRPC alone: server CPU per streamed message / per unary call, {in_flight} in "
+              f"flight | {stream_cpu * 1e6:.1f} us / {unary_cpu * 1e6:.1f} us = "
+              f"{stream_cpu / unary_cpu:.2f} | (floor) |")
+        print(f"| attnserve's CPU above gRPC's: per step / per call, {in_flight} in flight | "
+              f"{(step_cpu - stream_cpu) * 1e6:.1f} us / {(forward_cpu - unary_cpu) * 1e6:.1f} us "
+              f"| (step <= call) |")
     alone, busy = table["prefill"]
     print(f"| step p99 of 32 sessions with / without 4096-token prompts | "
           f"{busy:.2f} / {alone:.2f} ms = {busy / alone:.2f}x | <= 2x |")

@@ -2,22 +2,30 @@
 // under a Decode step and a Forward call (decode.py measures both beside attnserve's): a callback
 // server, as attnserve's, that echoes bytes and does nothing else. "/floor/Unary" answers its one
 // message and ends, as a unary handler does; any other method echoes every message of a stream.
-// --drive is its C++ client (gRPC's generic stub, as cheap as attnserve-client): one call in
-// flight, unary calls then streams of --per-stream messages each waiting for its echo, and
-// prints the server's CPU (/proc/PID/stat) per unary call and per streamed message.
+// --drive is its C++ client (gRPC's generic stub, callback API): --in-flight callers at once,
+// unary calls then streams of --per-stream messages each waiting for its echo, and prints the
+// server's CPU (/proc/PID/stat) per unary call and per streamed message. With --attnserve MODEL
+// the same client calls an attnserve server instead (1x1 causal Forward calls, Decode streams of
+// 1-token steps, each answer checked), so that attnserve's CPU differs from the floor's by
+// attnserve's own work alone, whatever the load tester costs.
 //
 //   grpc_floor --listen 127.0.0.1:0 --port-file FILE
 //   grpc_floor --drive 127.0.0.1:PORT --pid SERVER_PID [--messages 4128] [--per-stream 129]
+//              [--in-flight 1] [--attnserve MODEL --width 256]
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "attnserve/v1/attention.pb.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -60,12 +68,24 @@ class EchoService final : public grpc::CallbackGenericService {
   }
 };
 
-// One stream: writes a message, waits for its echo, `count` times, then closes.
+// Whether a Decode step's answer says it was taken (error_code 0): an in-stream refusal would
+// otherwise pass for a step.
+bool StepTaken(const grpc::ByteBuffer& answer) {
+  std::vector<grpc::Slice> slices;
+  attnserve::v1::DecodeResponse response;
+  if (!answer.Dump(&slices).ok()) return false;
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) bytes.append(slice.begin(), slice.end());
+  return response.ParseFromString(bytes) && response.error_code() == 0;
+}
+
+// One stream: writes a message, waits for its echo (or answer), `count` times, then closes.
 class PingPong final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  PingPong(grpc::GenericStub& stub, const grpc::ByteBuffer& message, int count)
-      : message_(message), left_(count) {
-    stub.PrepareBidiStreamingCall(&context_, "/floor/Stream", grpc::StubOptions(), this);
+  PingPong(grpc::GenericStub& stub, const std::string& method, const grpc::ByteBuffer& message,
+           int count)
+      : message_(message), decode_(method.starts_with("/attnserve")), left_(count) {
+    stub.PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
     StartRead(&echo_);
     StartWrite(&message_);
     StartCall();
@@ -78,6 +98,7 @@ class PingPong final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
     std::lock_guard lock(mu_);
     ok_ = ok_ && ok;
     if (++halves_ < 2) return;
+    ok_ = ok_ && (!decode_ || StepTaken(echo_));
     halves_ = 0;
     if (ok_ && --left_ > 0) {
       StartRead(&echo_);
@@ -86,12 +107,23 @@ class PingPong final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
       StartWritesDone();
     }
   }
-  void OnDone(const grpc::Status& status) override { done_.set_value(status); }
+  void OnDone(const grpc::Status& status) override {
+    bool ok;
+    {
+      std::lock_guard lock(mu_);
+      ok = ok_;
+    }
+    // The last thing done: Wait's caller may destroy this at once.
+    done_.set_value(!status.ok() || ok ? status
+                                       : grpc::Status(grpc::StatusCode::UNKNOWN,
+                                                      "a message failed, or a step was refused"));
+  }
   grpc::Status Wait() { return done_.get_future().get(); }
 
  private:
   grpc::ClientContext context_;
   grpc::ByteBuffer message_, echo_;
+  const bool decode_;
   std::mutex mu_;
   int left_;
   int halves_ = 0;  // of the exchange in flight: its write and its echo done
@@ -99,16 +131,57 @@ class PingPong final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
   std::promise<grpc::Status> done_;
 };
 
-int Drive(const std::string& target, int pid, int messages, int per_stream) {
+// What the driver calls: the echo server's two methods, or attnserve's Forward and Decode.
+struct Methods {
+  std::string unary = "/floor/Unary", stream = "/floor/Stream";
+  grpc::ByteBuffer unary_message, stream_message;
+};
+
+grpc::ByteBuffer Bytes(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Echoes of 1 KiB, a demo step's input (1 x 256 f32).
+Methods EchoMethods() {
+  Methods methods;
+  methods.unary_message = methods.stream_message = Bytes(std::string(1024, '\0'));
+  return methods;
+}
+
+// A 1x1 causal Forward of `model` and the Decode steps of one token (each repeating the model
+// and kind, as a session's messages may), `width` wide, zeros, raw.
+Methods AttnserveMethods(const std::string& model, int width) {
+  attnserve::v1::Tensor input;
+  input.add_shape(1);
+  input.add_shape(1);
+  input.add_shape(width);
+  input.set_raw(std::string(static_cast<size_t>(width) * sizeof(float), '\0'));
+  attnserve::v1::ForwardRequest forward;
+  forward.set_model(model);
+  forward.set_kind(attnserve::v1::ATTENTION_KIND_CAUSAL);
+  *forward.mutable_input() = input;
+  attnserve::v1::DecodeRequest step;
+  step.set_model(model);
+  step.set_kind(attnserve::v1::ATTENTION_KIND_CAUSAL);
+  *step.mutable_input() = input;
+  Methods methods;
+  methods.unary = "/attnserve.v1.AttentionService/Forward";
+  methods.stream = "/attnserve.v1.AttentionService/Decode";
+  methods.unary_message = Bytes(forward.SerializeAsString());
+  methods.stream_message = Bytes(step.SerializeAsString());
+  return methods;
+}
+
+int Drive(const std::string& target, int pid, const Methods& methods, int messages, int per_stream,
+          int in_flight) {
   grpc::GenericStub stub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
-  grpc::Slice bytes(std::string(1024, '\0'));  // a demo step's input, 1 x 256 f32
-  const grpc::ByteBuffer message(&bytes, 1);
   auto unary = [&](int count) {
     for (int i = 0; i < count; ++i) {
       grpc::ClientContext context;
       grpc::ByteBuffer echo;
       std::promise<grpc::Status> done;
-      stub.UnaryCall(&context, "/floor/Unary", grpc::StubOptions(), &message, &echo,
+      stub.UnaryCall(&context, methods.unary, grpc::StubOptions(), &methods.unary_message, &echo,
                      [&](grpc::Status status) { done.set_value(std::move(status)); });
       if (!done.get_future().get().ok()) return false;
     }
@@ -116,7 +189,12 @@ int Drive(const std::string& target, int pid, int messages, int per_stream) {
   };
   auto streams = [&](int count) {
     for (int i = 0; i < count / per_stream; ++i) {
-      if (!PingPong(stub, message, per_stream).Wait().ok()) return false;
+      const grpc::Status status =
+          PingPong(stub, methods.stream, methods.stream_message, per_stream).Wait();
+      if (!status.ok()) {
+        std::fprintf(stderr, "grpc_floor: a stream failed: %s\n", status.error_message().c_str());
+        return false;
+      }
     }
     return true;
   };
@@ -124,13 +202,28 @@ int Drive(const std::string& target, int pid, int messages, int per_stream) {
     std::fprintf(stderr, "grpc_floor: calls to %s failed\n", target.c_str());
     return 1;
   }
+  // `in_flight` callers, each with its share of the calls or streams; false if any failed (its
+  // figure would then count calls that were not made).
+  auto concurrently = [&](auto&& run) {
+    std::vector<std::thread> callers;
+    std::atomic<bool> ok = true;
+    for (int i = 0; i < in_flight; ++i) {
+      callers.emplace_back([&] {
+        if (!run(messages / in_flight)) ok = false;
+      });
+    }
+    for (std::thread& caller : callers) caller.join();
+    if (!ok) std::fprintf(stderr, "grpc_floor: calls to %s failed\n", target.c_str());
+    return ok.load();
+  };
   double before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
-  unary(messages);
-  const double unary_cpu = (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) / messages;
+  if (!concurrently(unary)) return 1;
+  const int calls = messages / in_flight * in_flight;
+  const double unary_cpu = (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) / calls;
   before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
-  streams(messages);
+  if (!concurrently(streams)) return 1;
   const double stream_cpu = (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) /
-                            (messages / per_stream * per_stream);
+                            (messages / in_flight / per_stream * per_stream * in_flight);
   std::printf("{\"unary_cpu_us\": %.2f, \"stream_message_cpu_us\": %.2f}\n", unary_cpu * 1e6,
               stream_cpu * 1e6);
   return 0;
@@ -141,15 +234,25 @@ int Drive(const std::string& target, int pid, int messages, int per_stream) {
 int main(int argc, char** argv) {
   CLI::App app("gRPC's floor: a callback server that echoes bytes");
   std::string listen = "127.0.0.1:0", port_file, drive;
-  int pid = 0, messages = 4128, per_stream = 129;
+  std::string attnserve_model;
+  int pid = 0, messages = 4128, per_stream = 129, in_flight = 1, width = 256;
   app.add_option("--listen", listen, "host:port (port 0: any free one)");
   app.add_option("--port-file", port_file, "where to write the bound port");
   app.add_option("--drive", drive, "be the client of the server at this host:port instead");
   app.add_option("--pid", pid, "--drive: the server's process id (its CPU is measured)");
   app.add_option("--messages", messages, "--drive: unary calls, and streamed messages");
   app.add_option("--per-stream", per_stream, "--drive: messages a stream");
+  app.add_option("--in-flight", in_flight, "--drive: calls or streams at once");
+  app.add_option("--attnserve", attnserve_model,
+                 "--drive: call this model of an attnserve server (1x1 causal Forward calls, "
+                 "Decode streams of 1-token steps) instead of the echo server");
+  app.add_option("--width", width, "--attnserve: the model's d_model");
   CLI11_PARSE(app, argc, argv);
-  if (!drive.empty()) return Drive(drive, pid, messages, std::max(per_stream, 1));
+  if (!drive.empty()) {
+    const Methods methods =
+        attnserve_model.empty() ? EchoMethods() : AttnserveMethods(attnserve_model, width);
+    return Drive(drive, pid, methods, messages, std::max(per_stream, 1), std::max(in_flight, 1));
+  }
   if (port_file.empty()) {
     std::fprintf(stderr, "grpc_floor: --port-file (serving) or --drive (the client)\n");
     return 2;
