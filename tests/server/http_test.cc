@@ -16,6 +16,7 @@
 #include <charconv>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -786,16 +788,23 @@ TEST(HttpSlowClientTest, ByteByByteHeadersAndBodiesAndIdleConnectionsAreCutOff) 
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
+// The REST port a child bound for its --http-listen of port 0, read from its start-up summary
+// (logged after the port file is written); 0 when none came within 20 s. (A port picked here and
+// closed before the child binds it could be taken by another process meanwhile.)
+int ChildHttpPort(const ChildServer& child) {
+  constexpr std::string_view kKey = " http_port=";
+  int port = 0;
+  WaitFor(
+      [&] {
+        const std::string output = child.Output();
+        const size_t at = output.find(kKey);
+        // The whole line: a write under way could end in the middle of the number.
+        if (at == std::string::npos || output.find('\n', at) == std::string::npos) return false;
+        port = std::atoi(output.c_str() + at + kKey.size());
+        return true;
+      },
+      std::chrono::seconds(20));
+  return port;
 }
 
 // A rolling update over REST: callers keep calling through SIGTERM until the process is gone.
@@ -803,12 +812,13 @@ int FreePort() {
 // or finds no server once it exited; never another status.
 TEST(HttpDrainTest, EveryCallThroughSigtermIsAnsweredOkOrUnavailable) {
   const std::string port_file = TempPath("http-drain.port");
-  const int http_port = FreePort();
+  // --queue-delay-target-ms 0: no shedding (429), as in ProcessTest.
   ChildServer child({"--listen", "127.0.0.1:0", "--port-file", port_file, "--http-listen",
-                     absl::StrCat("127.0.0.1:", http_port), "--shutdown-grace", "5",
-                     "--queue-delay-target-ms", "0"},  // no shedding (429), as ProcessTest's
+                     "127.0.0.1:0", "--shutdown-grace", "5", "--queue-delay-target-ms", "0"},
                     TempPath("http-drain.log"));
   ASSERT_GT(child.WaitForPort(port_file, std::chrono::seconds(20)), 0) << child.Output();
+  const int http_port = ChildHttpPort(child);
+  ASSERT_GT(http_port, 0) << child.Output();
   const std::string url = absl::StrCat("http://127.0.0.1:", http_port, "/v2/models/demo/infer");
   std::atomic<bool> stop{false};
   std::mutex mu;
