@@ -235,6 +235,10 @@ def recompute_rows(bench, model, prompts, steps):
     return rows
 
 
+# Calls or streams at once in the serving-cost sections.
+IN_FLIGHT = (1, 16)
+
+
 def median(values):
     return sorted(values)[len(values) // 2]
 
@@ -246,10 +250,10 @@ def cpu_ratio(server, bench, model, quick):
     sessions (prompt and steps). Steps and calls alternate three times (once with --quick), each
     measure over at least ~2000 messages a rep (/proc counts CPU in 10 ms ticks); the medians are
     printed."""
-    rows = []
+    rows = {}
     reps = 1 if quick else 3
     steps = 128
-    for in_flight in (1, 16):
+    for in_flight in IN_FLIGHT:
         runs = (4 if quick else 16) if in_flight == 1 else (1 if quick else 8)
         step_cpus, forward_cpus = [], []
         for _ in range(reps):
@@ -264,28 +268,36 @@ def cpu_ratio(server, bench, model, quick):
                           "--warmup", 0)
             forward_cpus.append((server.cpu_seconds() - before) / r["ok"])
         step_cpu, forward_cpu = median(step_cpus), median(forward_cpus)
-        rows.append((in_flight, step_cpu, forward_cpu))
+        rows[in_flight] = step_cpu, forward_cpu
         print(f"  load tester, {in_flight:2d} in flight: {step_cpu * 1e6:.1f} us per streamed "
               f"1-token step, {forward_cpu * 1e6:.1f} us per unary 1x1 Forward -> "
               f"{step_cpu / forward_cpu:.2f} (medians of {reps})", flush=True)
     return rows
 
 
-def generic_client_cpu(build, pid, target, messages, in_flight, reps, model=None):
+def generic_client_rows(build, pid, target, messages, reps, label, names, model=None):
     """Server CPU per streamed message and per unary call of grpc_floor's client (gRPC's generic
-    stub, callback API: the cheapest client gRPC has), `in_flight` callers, streams of 129
-    messages: against the echo server, or (`model`) attnserve's 1-token Decode steps and 1x1
-    causal Forward calls. Medians of `reps` runs."""
+    stub, callback API: the cheapest client gRPC has), 1 and 16 callers, streams of 129 messages:
+    against the echo server, or (`model`) attnserve's 1-token Decode steps and 1x1 causal Forward
+    calls. Medians of `reps` runs, printed with `label` and the `names` of a message and a call.
+    Returns {in_flight: (message, call)}."""
     argv = [os.path.join(build, "tests", "bench", "grpc_floor"), "--drive", target, "--pid",
-            str(pid), "--messages", str(messages), "--in-flight", str(in_flight)]
+            str(pid), "--messages", str(messages)]
     if model is not None:
         argv += ["--attnserve", model]
-    streams, calls = [], []
-    for _ in range(reps):
-        r = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
-        streams.append(r["stream_message_cpu_us"] / 1e6)
-        calls.append(r["unary_cpu_us"] / 1e6)
-    return median(streams), median(calls)
+    rows = {}
+    for in_flight in IN_FLIGHT:
+        streams, calls = [], []
+        for _ in range(reps):
+            r = json.loads(subprocess.run(argv + ["--in-flight", str(in_flight)], check=True,
+                                          capture_output=True, text=True).stdout)
+            streams.append(r["stream_message_cpu_us"] / 1e6)
+            calls.append(r["unary_cpu_us"] / 1e6)
+        stream_cpu, unary_cpu = rows[in_flight] = median(streams), median(calls)
+        print(f"  {label}, {in_flight:2d} in flight: {stream_cpu * 1e6:.1f} us per {names[0]}, "
+              f"{unary_cpu * 1e6:.1f} us per {names[1]} -> {stream_cpu / unary_cpu:.2f}",
+              flush=True)
+    return rows
 
 
 def grpc_floor(build, workdir, messages, reps):
@@ -297,34 +309,14 @@ def grpc_floor(build, workdir, messages, reps):
     if os.path.exists(port_file):
         os.remove(port_file)
     proc = subprocess.Popen([binary, "--port-file", port_file])
-    floor = {}
     try:
         port = wait_for_port(proc, port_file, "grpc_floor", timeout=30)
-        for in_flight in (1, 16):
-            floor[in_flight] = generic_client_cpu(build, proc.pid, f"127.0.0.1:{port}", messages,
-                                                  in_flight, reps)
-            stream_cpu, unary_cpu = floor[in_flight]
-            print(f"  gRPC alone (grpc_floor), {in_flight:2d} in flight: {stream_cpu * 1e6:.1f} us "
-                  f"per streamed message, {unary_cpu * 1e6:.1f} us per unary call -> "
-                  f"{stream_cpu / unary_cpu:.2f}", flush=True)
+        return generic_client_rows(build, proc.pid, f"127.0.0.1:{port}", messages, reps,
+                                   "gRPC alone (grpc_floor)",
+                                   ("streamed message", "unary call"))
     finally:
         proc.terminate()
         proc.wait()
-    return floor
-
-
-def same_client_rows(server, build, model, messages, reps):
-    """attnserve's server CPU per step and per call with the floor's own client, so that the two
-    differ from gRPC's floor by attnserve's work alone."""
-    rows = []
-    for in_flight in (1, 16):
-        step_cpu, forward_cpu = generic_client_cpu(build, server.proc.pid, server.target, messages,
-                                                   in_flight, reps, model)
-        rows.append((in_flight, step_cpu, forward_cpu))
-        print(f"  gRPC's generic client, {in_flight:2d} in flight: {step_cpu * 1e6:.1f} us per "
-              f"streamed 1-token step, {forward_cpu * 1e6:.1f} us per unary 1x1 Forward -> "
-              f"{step_cpu / forward_cpu:.2f}", flush=True)
-    return rows
 
 
 def prefill_p99(bench, model, steps):
@@ -411,8 +403,12 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
                 table["recompute"] = recompute_rows(bench, "wide", [128, 512, 2048], steps)
                 print("serving cost (demo layer):", flush=True)
                 table["cpu"] = cpu_ratio(server, bench, "demo", args.quick)
-                table["cpu_generic"] = same_client_rows(server, args.build, "demo",
-                                                        floor_messages, floor_reps)
+                # The same with the floor's own client: the two then differ from gRPC's floor
+                # by attnserve's work alone.
+                table["cpu_generic"] = generic_client_rows(
+                    args.build, server.proc.pid, server.target, floor_messages, floor_reps,
+                    "gRPC's generic client", ("streamed 1-token step", "unary 1x1 Forward"),
+                    "demo")
                 print("chunked prefill (768-wide, 32 sessions):", flush=True)
                 table["prefill"] = prefill_p99(bench, "wide", 2 * steps)
         finally:
@@ -434,11 +430,11 @@ def print_other_rows(table):
               f"{session:.0f} / {recompute:.1f} = {session / recompute:.1f}x | "
               f"{'>= 20x' if prompt == 512 else ''} |")
     for client, key in (("the load tester", "cpu"), ("gRPC's generic client", "cpu_generic")):
-        for in_flight, step_cpu, forward_cpu in table[key]:
+        for in_flight, (step_cpu, forward_cpu) in table[key].items():
             print(f"| server CPU per streamed 1-token step / per unary 1x1 Forward, {client}, "
                   f"{in_flight} in flight | {step_cpu * 1e6:.1f} us / {forward_cpu * 1e6:.1f} us "
                   f"= {step_cpu / forward_cpu:.2f} | <= 0.6 |")
-    for in_flight, step_cpu, forward_cpu in table["cpu_generic"]:
+    for in_flight, (step_cpu, forward_cpu) in table["cpu_generic"].items():
         stream_cpu, unary_cpu = table["floor"][in_flight]
         print(f"| gRPC alone: server CPU per streamed message / per unary call, {in_flight} in "
               f"flight | {stream_cpu * 1e6:.1f} us / {unary_cpu * 1e6:.1f} us = "

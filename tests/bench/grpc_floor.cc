@@ -29,6 +29,7 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "tests/bench/proc_cpu.h"
 
@@ -68,24 +69,28 @@ class EchoService final : public grpc::CallbackGenericService {
   }
 };
 
-// Whether a Decode step's answer says it was taken (error_code 0): an in-stream refusal would
-// otherwise pass for a step.
-bool StepTaken(const grpc::ByteBuffer& answer) {
-  std::vector<grpc::Slice> slices;
+// What the driver calls: the echo server's two methods, or attnserve's Forward and Decode.
+struct Methods {
+  std::string unary = "/floor/Unary", stream = "/floor/Stream";
+  grpc::ByteBuffer unary_message, stream_message;
+  bool decode_answers = false;  // the stream's answers are DecodeResponses, to be checked
+};
+
+// Whether a Decode step's answer (consumed) says it was taken (error_code 0): an in-stream
+// refusal would otherwise pass for a step.
+bool StepTaken(grpc::ByteBuffer* answer) {
   attnserve::v1::DecodeResponse response;
-  if (!answer.Dump(&slices).ok()) return false;
-  std::string bytes;
-  for (const grpc::Slice& slice : slices) bytes.append(slice.begin(), slice.end());
-  return response.ParseFromString(bytes) && response.error_code() == 0;
+  return grpc::SerializationTraits<attnserve::v1::DecodeResponse>::Deserialize(answer, &response)
+             .ok() &&
+         response.error_code() == 0;
 }
 
 // One stream: writes a message, waits for its echo (or answer), `count` times, then closes.
 class PingPong final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  PingPong(grpc::GenericStub& stub, const std::string& method, const grpc::ByteBuffer& message,
-           int count)
-      : message_(message), decode_(method.starts_with("/attnserve")), left_(count) {
-    stub.PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
+  PingPong(grpc::GenericStub& stub, const Methods& methods, int count)
+      : message_(methods.stream_message), decode_(methods.decode_answers), left_(count) {
+    stub.PrepareBidiStreamingCall(&context_, methods.stream, grpc::StubOptions(), this);
     StartRead(&echo_);
     StartWrite(&message_);
     StartCall();
@@ -98,7 +103,7 @@ class PingPong final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
     std::lock_guard lock(mu_);
     ok_ = ok_ && ok;
     if (++halves_ < 2) return;
-    ok_ = ok_ && (!decode_ || StepTaken(echo_));
+    ok_ = ok_ && (!decode_ || StepTaken(&echo_));
     halves_ = 0;
     if (ok_ && --left_ > 0) {
       StartRead(&echo_);
@@ -129,12 +134,6 @@ class PingPong final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
   int halves_ = 0;  // of the exchange in flight: its write and its echo done
   bool ok_ = true;
   std::promise<grpc::Status> done_;
-};
-
-// What the driver calls: the echo server's two methods, or attnserve's Forward and Decode.
-struct Methods {
-  std::string unary = "/floor/Unary", stream = "/floor/Stream";
-  grpc::ByteBuffer unary_message, stream_message;
 };
 
 grpc::ByteBuffer Bytes(const std::string& bytes) {
@@ -170,6 +169,7 @@ Methods AttnserveMethods(const std::string& model, int width) {
   methods.stream = "/attnserve.v1.AttentionService/Decode";
   methods.unary_message = Bytes(forward.SerializeAsString());
   methods.stream_message = Bytes(step.SerializeAsString());
+  methods.decode_answers = true;
   return methods;
 }
 
@@ -188,9 +188,8 @@ int Drive(const std::string& target, int pid, const Methods& methods, int messag
     return true;
   };
   auto streams = [&](int count) {
-    for (int i = 0; i < count / per_stream; ++i) {
-      const grpc::Status status =
-          PingPong(stub, methods.stream, methods.stream_message, per_stream).Wait();
+    for (int i = 0; i < count; ++i) {
+      const grpc::Status status = PingPong(stub, methods, per_stream).Wait();
       if (!status.ok()) {
         std::fprintf(stderr, "grpc_floor: a stream failed: %s\n", status.error_message().c_str());
         return false;
@@ -198,18 +197,22 @@ int Drive(const std::string& target, int pid, const Methods& methods, int messag
     }
     return true;
   };
-  if (!unary(200) || !streams(per_stream)) {  // connection and first calls out of the timing
+  if (!unary(200) || !streams(1)) {  // connection and first calls out of the timing
     std::fprintf(stderr, "grpc_floor: calls to %s failed\n", target.c_str());
     return 1;
   }
-  // `in_flight` callers, each with its share of the calls or streams; false if any failed (its
-  // figure would then count calls that were not made).
-  auto concurrently = [&](auto&& run) {
+  // Each of the `in_flight` callers makes its share of the calls, and of the messages in whole
+  // streams (one at least).
+  const int calls_each = std::max(1, messages / in_flight);
+  const int streams_each = std::max(1, calls_each / per_stream);
+  // `run(count)` on every caller at once; false if any failed (its figure would then count calls
+  // that were not made).
+  auto concurrently = [&](auto&& run, int count) {
     std::vector<std::thread> callers;
     std::atomic<bool> ok = true;
     for (int i = 0; i < in_flight; ++i) {
       callers.emplace_back([&] {
-        if (!run(messages / in_flight)) ok = false;
+        if (!run(count)) ok = false;
       });
     }
     for (std::thread& caller : callers) caller.join();
@@ -217,13 +220,13 @@ int Drive(const std::string& target, int pid, const Methods& methods, int messag
     return ok.load();
   };
   double before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
-  if (!concurrently(unary)) return 1;
-  const int calls = messages / in_flight * in_flight;
-  const double unary_cpu = (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) / calls;
+  if (!concurrently(unary, calls_each)) return 1;
+  const double unary_cpu =
+      (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) / (calls_each * in_flight);
   before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
-  if (!concurrently(streams)) return 1;
+  if (!concurrently(streams, streams_each)) return 1;
   const double stream_cpu = (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) /
-                            (messages / in_flight / per_stream * per_stream * in_flight);
+                            (streams_each * per_stream * in_flight);
   std::printf("{\"unary_cpu_us\": %.2f, \"stream_message_cpu_us\": %.2f}\n", unary_cpu * 1e6,
               stream_cpu * 1e6);
   return 0;
@@ -240,7 +243,9 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file, "where to write the bound port");
   app.add_option("--drive", drive, "be the client of the server at this host:port instead");
   app.add_option("--pid", pid, "--drive: the server's process id (its CPU is measured)");
-  app.add_option("--messages", messages, "--drive: unary calls, and streamed messages");
+  app.add_option("--messages", messages,
+                 "--drive: unary calls, and streamed messages (whole streams, one a caller at "
+                 "least)");
   app.add_option("--per-stream", per_stream, "--drive: messages a stream");
   app.add_option("--in-flight", in_flight, "--drive: calls or streams at once");
   app.add_option("--attnserve", attnserve_model,
