@@ -83,7 +83,7 @@ TEST(ProcessTest, SigtermFinishesCallsInFlightAndExitsZero) {
   child.Signal(SIGTERM);
   // The late calls go once the drain has begun: on a loaded machine they could otherwise all
   // arrive before the signal thread ran.
-  WaitFor([&] { return child.Output().find("shutting down") != std::string::npos; });
+  child.WaitForOutput("shutting down");
   signalled.store(true);
   for (auto& t : callers) t.join();
   const int exit_code = child.Wait(seconds(30));

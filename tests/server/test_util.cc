@@ -475,6 +475,10 @@ std::string ChildServer::Output() const {
   return ss.str();
 }
 
+bool ChildServer::WaitForOutput(std::string_view text, std::chrono::milliseconds timeout) const {
+  return WaitFor([&] { return Output().find(text) != std::string::npos; }, timeout);
+}
+
 bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -106,6 +107,10 @@ class ChildServer {
 
   // Everything the child wrote so far.
   std::string Output() const;
+
+  // Polls (as WaitFor) until the child's output holds `text`; whether it did within `timeout`.
+  bool WaitForOutput(std::string_view text,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) const;
 
  private:
   pid_t pid_ = -1;

@@ -101,7 +101,7 @@ TEST(TransportTest, DescriptorExhaustionEndsServingOrExitedNonZero) {
     ASSERT_GT(write(fd, kPreface, sizeof(kPreface) - 1), 0);
     held.push_back(fd);
   }
-  WaitFor([&] { return child.Output().find("Too many open files") != std::string::npos; });
+  child.WaitForOutput("Too many open files");
   ASSERT_NE(child.Output().find("Too many open files"), std::string::npos)
       << "descriptors did not run out, the test proves nothing:\n"
       << child.Output();
