@@ -8,10 +8,12 @@ Starts attnserve (f32 cache, then --kv-cache-precision bf16) with the demo layer
 load tester (attnserve-client bench --decode/--json); Python only orchestrates. Prints:
 
 - the memory-bound ceiling measured in the same run: a large memory copy's bandwidth (numpy,
-  1 GiB, best of 5, one and two threads, read + write bytes) / the cache bytes a token's step
-  reads (2 * inner * element bytes * mean cached length) -> max tokens/s; and the sessions'
-  tokens/s (64 streams of one sequence, one stream of B = 64; prompt 512 and 4096, 128 steps
-  of 1 token), as a ratio to it (target >= 0.6 on the 768-wide layer);
+  1 GiB, one and two threads, read + write bytes; the best of 3 copies just before and 3 just
+  after each row, since a shared machine's bandwidth moves by a quarter within a minute) / the
+  cache bytes a token's step reads (2 * inner * element bytes * mean cached length) -> max
+  tokens/s; and the sessions' tokens/s (64 streams of one sequence, one stream of B = 64;
+  prompt 512 and 4096, 128 steps of 1 token), as a ratio to it (target >= 0.6 on the 768-wide
+  layer);
 - the ceiling with the load tester on the same cores (prompt 512, 768-wide): per token, the
   client's CPU, gRPC's own server CPU per message (grpc_floor, 16 streams in flight) and the
   attention's memory time on every core must fit in the cores' time; the sessions' tokens/s as
@@ -58,7 +60,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def copy_bandwidth(gib=1, reps=5):
+def copy_bandwidth(gib=1, reps=3):
     """Bytes/s (read + write) of the best 1 GiB copy, one thread or two (numpy frees the GIL)."""
     n = (gib << 30) // 4
     src = np.ones(n, dtype=np.float32)
@@ -163,40 +165,45 @@ class Bench:
                         requests, "--duration", 0, "-c", concurrency, "--warmup-seconds", 0.2)
 
 
-def ceiling_rows(bench, bandwidth, models, element_bytes, lengths, steps, label):
+def ceiling_rows(bench, models, element_bytes, lengths, steps, label):
     """Sessions' tokens/s for N streams and one stream of B=N (N = 64, or --long-sequences at
-    cache length 4096), as a share of the memory-bound ceiling."""
+    cache length 4096), as a share of the memory-bound ceiling. This machine's bandwidth moves by
+    a quarter within a minute, so each row has its own ceiling: the best copy of those just
+    before and just after it (best of 3 each, one and two threads)."""
     rows = []
     for name, inner in models:
         for prompt, n in lengths:
             mean_len = prompt + steps / 2
             per_token = 2 * inner * element_bytes * mean_len
-            ceiling = bandwidth / per_token
             for sessions, batch in ((n, 1), (1, n)):
+                before = copy_bandwidth()
                 r = bench.decode(name, sessions, batch, prompt, steps)
+                bandwidth = max(before, copy_bandwidth())
+                ceiling = bandwidth / per_token
                 tps = r["decode"]["tokens_per_second"]
                 rows.append((label, name, prompt, f"{sessions}x B={batch}", tps, ceiling,
                              r["decode"]["inter_token_latency_ms"]["p99"]))
-                print(f"  {label} {name:5s} prompt {prompt:5d} {sessions:2d} sessions x B={batch:2d}:"
-                      f" {tps:9.0f} tokens/s, ceiling {ceiling:9.0f} -> {tps / ceiling:.3f}",
-                      flush=True)
+                print(f"  {label} {name:5s} prompt {prompt:5d} {sessions:2d} sessions x "
+                      f"B={batch:2d}: {tps:9.0f} tokens/s, copy {bandwidth / 1e9:.1f} GB/s -> "
+                      f"ceiling {ceiling:9.0f} -> {tps / ceiling:.3f}", flush=True)
     return rows
 
 
-def shared_cores_rows(server, bench, bandwidth, floor_message_cpu, name, inner, element_bytes,
-                      prompt, n, steps):
+def shared_cores_rows(server, bench, floor_message_cpu, name, inner, element_bytes, prompt, n,
+                      steps):
     """The same machine also runs the load tester, and each streamed message costs gRPC its own
     server CPU: with 64 streams of one sequence these take cores from the memory-bound attention.
     Per token, the cores must give the client's CPU (measured: a run of `steps` less a run of
     one step, so the prefill cancels), gRPC's floor per message (grpc_floor) and the attention's
-    memory time on both cores; tokens/s <= cores / their sum. Printed beside the sessions'
-    tokens/s, for n streams of B = 1 and one stream of B = n, with the server's CPU per token."""
+    memory time on both cores (at the copy bandwidth beside the run, as ceiling_rows); tokens/s
+    <= cores / their sum. Printed beside the sessions' tokens/s, for n streams of B = 1 and one
+    stream of B = n, with the server's CPU per token."""
     cores = len(os.sched_getaffinity(0))
-    memory_cpu = cores * 2 * inner * element_bytes * (prompt + steps / 2) / bandwidth
     rows = []
     for sessions, batch in ((n, 1), (1, n)):
         cpu = {}
-        for k in (1, steps):
+        before = copy_bandwidth()
+        for k in (steps, 1):
             client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
             server_before = server.cpu_seconds()
             r = bench.decode(name, sessions, batch, prompt, k)
@@ -204,6 +211,8 @@ def shared_cores_rows(server, bench, bandwidth, floor_message_cpu, name, inner, 
             cpu[k] = (server.cpu_seconds() - server_before,
                       client_after.ru_utime + client_after.ru_stime - client_before.ru_utime -
                       client_before.ru_stime, r["decode"]["tokens_per_second"])
+        bandwidth = max(before, copy_bandwidth())
+        memory_cpu = cores * 2 * inner * element_bytes * (prompt + steps / 2) / bandwidth
         tokens = sessions * batch * (steps - 1)
         server_cpu = (cpu[steps][0] - cpu[1][0]) / tokens
         client_cpu = (cpu[steps][1] - cpu[1][1]) / tokens
@@ -374,11 +383,7 @@ def peer_rows(server_bin, client_bin, build, workdir, layer, n, prompt, steps):
 
 def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, lengths):
     """The sections before the peer's: the ceiling, recompute, serving cost, chunked prefill."""
-    print("memory copy bandwidth (1 GiB, best of 5)...", flush=True)
-    bandwidth = copy_bandwidth()
-    print(f"  {bandwidth / 1e9:.2f} GB/s (read + write)", flush=True)
     models = [("demo", 256), ("wide", 768)]
-    table["bandwidth"] = bandwidth
     print("gRPC's own floor:", flush=True)
     floor_messages, floor_reps = (1032, 1) if args.quick else (8256, 3)
     table["floor"] = grpc_floor(args.build, workdir, floor_messages, floor_reps)
@@ -389,14 +394,12 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
         bench = Bench(client_bin, server.target)
         try:
             print(f"sessions vs the memory-bound ceiling, {precision} cache:", flush=True)
-            table[f"ceiling_{precision}"] = ceiling_rows(bench, bandwidth, models,
-                                                         element_bytes, lengths, steps,
-                                                         precision)
+            table[f"ceiling_{precision}"] = ceiling_rows(bench, models, element_bytes, lengths,
+                                                         steps, precision)
             if precision == "f32":
                 print("the ceiling with the load tester on the same cores (768-wide, f32):",
                       flush=True)
-                table["shared"] = shared_cores_rows(server, bench, bandwidth,
-                                                    table["floor"][16][0],
+                table["shared"] = shared_cores_rows(server, bench, table["floor"][16][0],
                                                     "wide", 768, element_bytes, lengths[0][0],
                                                     lengths[0][1], steps)
                 print("against recompute (768-wide, one sequence):", flush=True)
