@@ -12,6 +12,9 @@
 namespace attnserve::client {
 namespace {
 
+// The most sessions (streams) the load tester puts on one connection.
+constexpr int kSessionsPerConnection = 100;
+
 // Prompt messages stay below this many bytes of input (the default size limits are larger).
 constexpr int64_t kPromptChunkBytes = 32 << 20;
 // Distinct prompts made up front, taken in turn by the sessions.
@@ -115,9 +118,16 @@ absl::StatusOr<DecodeWork> BuildDecodeWork(const AttentionClient& client, const 
 absl::Status RunDecodeLoadCommand(const ConnectionFlags& connection, const LoadFlags& flags) {
   if (absl::Status s = CheckDecodeFlags(flags); !s.ok()) return s;
   // Streams need no per-call deadline: a step waits at most --timeout (DecodeSession's).
+  // A connection carries at most kSessionsPerConnection sessions: a server takes only so many
+  // streams on one connection (attnserve --max-streams-per-connection, 128 by default; gRPC's
+  // servers 100 unless set), and sessions whose streams wait for a place would hold every other
+  // session at the prompts' barrier until the step timeout.
+  const int connection_count =
+      std::max(std::clamp(flags.connections, 1, 256),
+               (flags.sessions + kSessionsPerConnection - 1) / kSessionsPerConnection);
   std::vector<std::unique_ptr<AttentionClient>> clients;
   std::vector<const AttentionClient*> connections;
-  for (int i = 0; i < std::clamp(flags.connections, 1, 256); ++i) {
+  for (int i = 0; i < connection_count; ++i) {
     clients.push_back(ConnectFromFlags(connection, i));
     connections.push_back(clients.back().get());
   }

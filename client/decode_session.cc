@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <utility>
 
@@ -16,23 +17,27 @@ class DecodeSession::Reactor final
     : public grpc::ClientBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
  public:
   void OnWriteDone(bool ok) override {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     write_pending_ = false;
     write_ok_ = ok;
-    cv_.notify_all();
+    Exchanged(lock);
   }
   void OnReadDone(bool ok) override {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     read_pending_ = false;
     read_ok_ = ok;
-    cv_.notify_all();
+    Exchanged(lock);
   }
   void OnWritesDoneDone(bool /*ok*/) override {}
   void OnDone(const grpc::Status& status) override {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     done_ = true;
     status_ = status;
     cv_.notify_all();
+    std::function<void(const grpc::Status&)> ended = std::move(ended_);
+    lock.unlock();
+    // The last use of this object here: `ended` may let its owner destroy it.
+    if (ended) ended(status);
   }
 
   // Writes `request`, reads into `response`; false when the stream broke or `timeout` passed
@@ -60,6 +65,29 @@ class DecodeSession::Reactor final
     return write_ok_ && read_ok_ && !*timed_out;
   }
 
+  // Writes `request` and reads into `response`; `done(ok)` runs when both have, on the thread
+  // that completes the second.
+  void StartExchange(const v1::DecodeRequest& request, v1::DecodeResponse* response,
+                     std::function<void(bool)> done) {
+    {
+      std::lock_guard lock(mu_);
+      write_pending_ = read_pending_ = true;
+      exchanged_ = std::move(done);
+    }
+    StartWrite(&request);
+    StartRead(response);
+  }
+
+  // After a failed StartExchange (on its thread): lets OnDone run, which calls `ended` with the
+  // stream's status.
+  void FinishAsync(std::function<void(const grpc::Status&)> ended) {
+    {
+      std::lock_guard lock(mu_);
+      ended_ = std::move(ended);
+    }
+    RemoveHold();
+  }
+
   // Half-closes (when asked), lets OnDone run and waits for it: the stream's status.
   grpc::Status Finish(bool writes_done) {
     if (writes_done) StartWritesDone();
@@ -72,11 +100,25 @@ class DecodeSession::Reactor final
   grpc::ClientContext context_;
 
  private:
+  // Once the write and the read are both done: wakes Exchange, or runs StartExchange's `done`.
+  void Exchanged(std::unique_lock<std::mutex>& lock) {
+    if (write_pending_ || read_pending_) return;
+    cv_.notify_all();
+    if (!exchanged_) return;
+    std::function<void(bool)> done = std::move(exchanged_);
+    exchanged_ = nullptr;
+    const bool ok = write_ok_ && read_ok_;
+    lock.unlock();
+    done(ok);
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
   bool write_pending_ = false, read_pending_ = false;  // guarded by mu_
   bool write_ok_ = true, read_ok_ = true;              // guarded by mu_
   bool done_ = false;                                  // guarded by mu_
+  std::function<void(bool)> exchanged_;                // guarded by mu_
+  std::function<void(const grpc::Status&)> ended_;     // guarded by mu_
   grpc::Status status_;                                // guarded by mu_
 };
 
@@ -171,13 +213,48 @@ absl::Status DecodeSession::Send(const v1::DecodeRequest& request, v1::DecodeRes
     status = Exchange(first, response);
   }
   if (!status.ok()) return status;
-  if (response->error_code() != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(response->error_code()),
-                        response->error_message());
+  return Answered(*response);
+}
+
+absl::Status DecodeSession::Answered(const v1::DecodeResponse& response) {
+  if (response.error_code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(response.error_code()),
+                        response.error_message());
   }
   opened_ = true;
   return absl::OkStatus();
 }
+
+void DecodeSession::SendAsync(const v1::DecodeRequest& request, v1::DecodeResponse* response,
+                              std::function<void(absl::Status)> done) {
+  if (ended_status_.has_value()) {
+    done(ended_status_->ok() ? absl::FailedPreconditionError("the session is closed")
+                             : *ended_status_);
+    return;
+  }
+  const v1::DecodeRequest* message = &request;
+  if (!opened_) {
+    first_sent_ = first_;
+    first_sent_.MergeFrom(request);
+    message = &first_sent_;
+  }
+  reactor_->StartExchange(*message, response, [this, response, done = std::move(done)](bool ok) {
+    if (ok) {
+      done(Answered(*response));
+      return;
+    }
+    // The stream broke: its status (the server's, or CANCELLED) comes with OnDone, as EndBroken
+    // reads it for Send, without waiting on this gRPC thread.
+    reactor_->FinishAsync([this, done](const grpc::Status& end) {
+      absl::Status status = FromGrpcStatus(end);
+      if (status.ok()) status = absl::UnavailableError("the decode stream ended");
+      ended_status_ = status;
+      done(status);
+    });
+  });
+}
+
+void DecodeSession::Cancel() { reactor_->context_.TryCancel(); }
 
 absl::Status DecodeSession::Exchange(const v1::DecodeRequest& request,
                                      v1::DecodeResponse* response) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,6 +65,17 @@ class DecodeSession {
   // are added until the session has opened. An in-stream refusal is returned as its status.
   absl::Status Send(const v1::DecodeRequest& request, v1::DecodeResponse* response);
 
+  // Send without waiting, for a client that drives many sessions from gRPC's own threads (no
+  // thread a session): `done` runs once, with what Send would return, on one of gRPC's threads
+  // (or here, when the session has already ended); `request` and `response` live until then,
+  // and the session takes nothing else until then. There is no step timeout: Cancel() ends a
+  // step that waits too long. A broken stream has ended by the time `done` runs.
+  void SendAsync(const v1::DecodeRequest& request, v1::DecodeResponse* response,
+                 std::function<void(absl::Status)> done);
+
+  // Cancels the stream (any thread): a step in flight fails, and the server frees the session.
+  void Cancel();
+
   // Ends the stream (the server frees the session) and returns how it ended: OK, or the status
   // that broke it earlier.
   absl::Status Close();
@@ -83,11 +95,15 @@ class DecodeSession {
   absl::Status Exchange(const v1::DecodeRequest& request, v1::DecodeResponse* response);
   // Ends the stream after a failed read or write, and returns the status it ended with.
   absl::Status EndBroken(absl::Status fallback);
+  // What a step that was written and read returns (its in-stream refusal, if any); opens the
+  // session when the server took it.
+  absl::Status Answered(const v1::DecodeResponse& response);
 
   DecodeOptions options_;
   absl::Duration step_timeout_;
-  v1::DecodeRequest first_;  // model, kind and context: sent until a step is taken
-  bool opened_ = false;      // a step was taken: the server has the session
+  v1::DecodeRequest first_;       // model, kind and context: sent until a step is taken
+  bool opened_ = false;           // a step was taken: the server has the session
+  v1::DecodeRequest first_sent_;  // SendAsync's first message while it is in flight
   std::optional<absl::Status> ended_status_;
   std::unique_ptr<Reactor> reactor_;
 };

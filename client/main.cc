@@ -119,7 +119,9 @@ void AddLoadCommand(CLI::App& app, LoadFlags& f) {
   load->get_option("--kind")->each([&f](const std::string&) { f.kind_given = true; });
   load->add_flag("--decode", f.decode,
                  "Session mode: --sessions Decode streams, each a prompt then steps (causal)");
-  load->add_option("--sessions", f.sessions, "--decode: sessions (streams) at once")
+  load->add_option("--sessions", f.sessions,
+                   "--decode: sessions (streams) at once; at most 100 a connection, so more "
+                   "sessions open more connections than --connections")
       ->capture_default_str();
   load->add_option("--prompt", f.prompt, "--decode: prompt tokens per sequence")
       ->capture_default_str();

@@ -395,6 +395,20 @@ TEST_F(BenchServerTest, DecodeSessionsReportTokensFirstOutputAndInterTokenLatenc
   EXPECT_TRUE(plain["decode"].is_null()) << plain.dump();
 }
 
+TEST_F(BenchServerTest, DecodeSessionsPastOneConnectionsStreamsOpenMoreConnections) {
+  // 150 sessions: more streams than the server takes on one connection (128). On one connection
+  // the last 22 would wait for a place while the rest waited at the prompts' barrier for them,
+  // until the step timeout; at most 100 a connection, they all run at once.
+  nlohmann::json run =
+      BenchJson({"--decode", "--sessions", "150", "--prompt", "2", "--steps", "2"});
+  SCOPED_TRACE(run.dump());
+  EXPECT_EQ(run["connections"], 2);
+  EXPECT_EQ(run["sent"], 150 * (1 + 2));
+  EXPECT_EQ(run["ok"], run["sent"]);
+  EXPECT_EQ(run["decode"]["step_tokens"], 150 * 2);
+  EXPECT_LT(run["decode"]["prefill_seconds"].get<double>(), 10) << "the prompts waited";
+}
+
 TEST_F(BenchServerTest, DecodeRefusesFlagsItWouldIgnoreAndReportsStreamErrors) {
   for (const std::vector<std::string>& extra : {std::vector<std::string>{"--rate", "10"},
                                                 {"--random", "1,16"},

@@ -2,9 +2,14 @@
 // refused steps leave the session usable, a stream that cannot open or that breaks ends it.
 #include "client/decode_session.h"
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <vector>
 
 #include "client/client.h"
 #include "client/packing.h"
@@ -189,6 +194,95 @@ TEST_F(DecodeSessionTest, CrossSessionKeepsItsContext) {
   absl::StatusOr<client::ForwardResult> want = client_->Forward(spec);
   ASSERT_TRUE(want.ok()) << want.status();
   ExpectNear(b->output, Rows(want->output, 0, 2, 3), "cross step");
+}
+
+// SendAsync's answers, in order, as a caller on gRPC's threads sees them.
+struct AsyncAnswers {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<absl::Status> statuses;
+
+  std::function<void(absl::Status)> Record() {
+    return [this](absl::Status s) {
+      std::lock_guard lock(mu);
+      statuses.push_back(std::move(s));
+      cv.notify_all();
+    };
+  }
+  // Waits for `n` answers in all (up to 30 s).
+  bool WaitFor(size_t n) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(30), [&] { return statuses.size() >= n; });
+  }
+};
+
+TEST_F(DecodeSessionTest, SendAsyncStepsFromTheAnswersCallbackEqualForwardOverThePrefix) {
+  // A prompt of 3 tokens, then 4 one-token steps, each sent from the previous answer's callback
+  // (on gRPC's thread, as the load tester does); then the same rows by one Forward.
+  const FloatArray whole = Random({1, 7, kWidth}, 11);
+  auto session = DecodeSession::Open(*client_, DecodeOptions{});
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::vector<v1::DecodeRequest> requests;
+  std::vector<std::pair<int64_t, int64_t>> spans = {{0, 3}, {3, 4}, {4, 5}, {5, 6}, {6, 7}};
+  for (auto [from, to] : spans) {
+    absl::StatusOr<v1::DecodeRequest> r = client::BuildDecodeRequest(
+        Rows(whole, 0, from, to), {}, std::nullopt, client::Encoding::kRaw);
+    ASSERT_TRUE(r.ok()) << r.status();
+    requests.push_back(*std::move(r));
+  }
+  std::vector<v1::DecodeResponse> responses(requests.size());
+  AsyncAnswers answers;
+  std::function<void(size_t)> send = [&](size_t i) {
+    (*session)->SendAsync(requests[i], &responses[i],
+                          [&, i, record = answers.Record()](absl::Status s) {
+                            const bool next = s.ok() && i + 1 < requests.size();
+                            record(std::move(s));
+                            if (next) send(i + 1);
+                          });
+  };
+  send(0);
+  ASSERT_TRUE(answers.WaitFor(requests.size()));
+  const FloatArray want = ForwardWhole(*client_, whole);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    ASSERT_TRUE(answers.statuses[i].ok()) << i << ": " << answers.statuses[i];
+    EXPECT_EQ(responses[i].positions(0), spans[i].second);
+    absl::StatusOr<FloatArray> out = client::DecodeTensor(responses[i].output());
+    ASSERT_TRUE(out.ok()) << out.status();
+    out->shape = {1, spans[i].second - spans[i].first, kWidth};
+    ExpectNear(*out, Rows(want, 0, spans[i].first, spans[i].second), "async step");
+  }
+  EXPECT_TRUE((*session)->Close().ok());
+}
+
+TEST_F(DecodeSessionTest, SendAsyncReportsTheStatusAStreamEndedWith) {
+  // A refusal in the stream leaves the session usable; a stream the server ends (no such model)
+  // comes back with the server's status, and the session has ended by then.
+  auto session = DecodeSession::Open(*client_, DecodeOptions{});
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<v1::DecodeRequest> too_wide = client::BuildDecodeRequest(
+      Random({1, 1, kWidth + 1}, 0), {}, std::nullopt, client::Encoding::kRaw);
+  ASSERT_TRUE(too_wide.ok());
+  v1::DecodeResponse response;
+  AsyncAnswers answers;
+  (*session)->SendAsync(*too_wide, &response, answers.Record());
+  ASSERT_TRUE(answers.WaitFor(1));
+  EXPECT_EQ(answers.statuses[0].code(), absl::StatusCode::kInvalidArgument) << answers.statuses[0];
+  EXPECT_FALSE((*session)->ended());
+
+  auto lost = DecodeSession::Open(*client_, WithModel("nope"));
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  absl::StatusOr<v1::DecodeRequest> step = client::BuildDecodeRequest(
+      Random({1, 1, kWidth}, 0), {}, std::nullopt, client::Encoding::kRaw);
+  ASSERT_TRUE(step.ok());
+  (*lost)->SendAsync(*step, &response, answers.Record());
+  ASSERT_TRUE(answers.WaitFor(2));
+  EXPECT_EQ(answers.statuses[1].code(), absl::StatusCode::kNotFound) << answers.statuses[1];
+  EXPECT_TRUE((*lost)->ended());
+  // Later sends and Close report the same end at once.
+  (*lost)->SendAsync(*step, &response, answers.Record());
+  ASSERT_TRUE(answers.WaitFor(3));
+  EXPECT_EQ(answers.statuses[2].code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*lost)->Close().code(), absl::StatusCode::kNotFound);
 }
 
 // Its own server: stopping it breaks the stream, which the session reports as UNAVAILABLE.
