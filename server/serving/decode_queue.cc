@@ -1,6 +1,7 @@
 #include "server/serving/decode_queue.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <limits>
 #include <utility>
@@ -17,6 +18,9 @@ constexpr int64_t kShortStepTokens = 16;
 // What the prompts' chunks may cost in a run beside short steps, at least (in cached keys read,
 // as Reads counts), so that prompts move on beside a few short steps.
 constexpr int64_t kMinPrefillReads = 16 * 1024;
+// Sessions whose short steps ran this recently are generating: a run of prompts alone costs no
+// more than their steps.
+constexpr std::chrono::milliseconds kGeneratingWindow{100};
 
 }  // namespace
 
@@ -169,7 +173,7 @@ void DecodeQueue::AddChunk(Pending& step, int64_t* budget, int64_t* reads,
   }
 }
 
-void DecodeQueue::RunNext(Clock::time_point /*now*/) {
+void DecodeQueue::RunNext(Clock::time_point now) {
   std::vector<Pending*> steps;
   {
     std::lock_guard lock(mu_);
@@ -207,9 +211,19 @@ void DecodeQueue::RunNext(Clock::time_point /*now*/) {
     // And, when other sessions are open, never more than a chunk of chunk_tokens at position 0:
     // with many sessions, a moment with no step waiting comes often, and a 256-token chunk at
     // position 4000 then held their next steps for 15 times as long.
-    const int64_t max_prefill = sessions_.load() > long_steps
-                                    ? chunk_tokens_ * (chunk_tokens_ + 2 * layer->spec().d_model)
-                                    : std::numeric_limits<int64_t>::max();
+    const bool others = sessions_.load() > long_steps;
+    const int64_t max_prefill = others ? chunk_tokens_ * (chunk_tokens_ + 2 * layer->spec().d_model)
+                                       : std::numeric_limits<int64_t>::max();
+    // A run of prompts alone, in a moment between the steps of sessions that are generating
+    // (their last run within kGeneratingWindow), costs no more than those steps did: the steps
+    // that arrive meanwhile wait for it.
+    if (any_short) {
+      recent_short_reads_ = short_reads;
+      recent_short_at_ = now;
+    } else if (others && now - recent_short_at_ < kGeneratingWindow) {
+      short_reads = recent_short_reads_;
+      any_short = true;
+    }
     int64_t prefill_reads =
         any_short ? std::min(max_prefill, std::max(short_reads, kMinPrefillReads)) : max_prefill;
     for (size_t i = 0; i < steps.size() && status.ok(); ++i) {

@@ -24,8 +24,9 @@ class ModelMetrics;
 // chunk at a time so that it does not stall the others: up to `chunk_tokens` a sequence a run
 // and, when other sessions are open, no more than such a chunk costs at position 0 (in cached
 // keys read and projections);
-// while short steps share the run, no more than they cost together, or a floor's worth (so a
-// run then takes about twice theirs alone when they are many, however long the prompt).
+// while short steps share the run, or ran within the last 100 ms (sessions generating, between
+// two of their steps), no more than they cost together, or a floor's worth (so a run then takes
+// about twice theirs alone when they are many, however long the prompt).
 class DecodeQueue final : public RunQueue {
  public:
   // `executor` and `metrics` outlive the queue; it registers with the executor.
@@ -88,6 +89,10 @@ class DecodeQueue final : public RunQueue {
   std::list<Pending> pending_;  // guarded by mu_ (a list: a running step stays put)
   bool closed_ = false;         // guarded by mu_
   bool running_ = false;        // guarded by mu_
+  // The short steps' cost (Reads) in the latest run that had any, and when it ran. RunNext's
+  // own (runs are one at a time).
+  int64_t recent_short_reads_ = 0;
+  Clock::time_point recent_short_at_;
 };
 
 }  // namespace attnserve::server

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -328,6 +329,59 @@ TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
   EXPECT_GE(runs, 2 + kPrompt / 256 - 1);
   EXPECT_EQ(runs_up_to("256"), runs) << "a run held the step and a whole chunk of the prompt";
   EXPECT_GT(runs_up_to("128") - runs_up_to("4"), 0) << "no run merged the step with a chunk";
+  for (Stream* stream : {long_stream.get(), short_stream.get()}) {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+}
+
+TEST_F(DecodeServiceTest, APromptBetweenAGeneratingSessionsStepsRunsNoCostlierThanTheSteps) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  options.max_session_tokens = 8192;
+  server_ = StartServer(options);
+  ASSERT_NE(server_, nullptr);
+  stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+  grpc::ClientContext long_context, short_context;
+  std::unique_ptr<Stream> long_stream = Open(&long_context);
+  std::unique_ptr<Stream> short_stream = Open(&short_context);
+  v1::DecodeRequest first = Tokens(0, 4);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  ASSERT_EQ(Exchange(*short_stream, first).error_code(), 0);
+  // One session generating all the while: 1-token steps back to back (each rolls back to
+  // position 4, so its cache stays short).
+  std::atomic<bool> stop{false};
+  std::atomic<int> steps{0};
+  std::thread stepper([&] {
+    v1::DecodeRequest step = Tokens(4, 1);
+    step.set_truncate_to(4);
+    while (!stop.load() && Exchange(*short_stream, step).error_code() == 0) ++steps;
+  });
+  for (int i = 0; i < 1000 && steps.load() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  constexpr int64_t kPrompt = 4096;
+  std::vector<float> long_prompt(kPrompt * kWidth);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = std::sin(0.001f * i);
+  v1::DecodeRequest prompt = StepOf({long_prompt.data()}, {0}, {kPrompt}, kWidth);
+  prompt.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const v1::DecodeResponse prompt_answer = Exchange(*long_stream, prompt);
+  stop = true;
+  stepper.join();
+  EXPECT_EQ(prompt_answer.error_code(), 0) << prompt_answer.error_message();
+  EXPECT_GT(steps.load(), 3);
+  // Beside the step, or alone in a moment between two of them, a run's chunk of the prompt
+  // reads no more keys than the step did, or the floor's 16k (under 32 tokens at position 0): no
+  // run of 64 tokens or more (a 256-token chunk, were the prompt to run as if alone). One is
+  // allowed, for a moment the stepping thread is off its core for 100 ms.
+  absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  const double runs =
+      (*samples)[SeriesKey("attnserve_decode_step_tokens_count", {{"model", "demo"}})];
+  const double small = (*samples)[SeriesKey("attnserve_decode_step_tokens_bucket",
+                                            {{"le", "32"}, {"model", "demo"}})];
+  EXPECT_GE(runs, kPrompt / 32);
+  EXPECT_LE(runs - small, 1) << "runs of the prompt cost more than the steps beside them";
   for (Stream* stream : {long_stream.get(), short_stream.get()}) {
     stream->WritesDone();
     EXPECT_TRUE(stream->Finish().ok());
