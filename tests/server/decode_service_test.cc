@@ -149,12 +149,9 @@ class DecodeServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ServerOptions options;
-    options.metrics_listen = "127.0.0.1:0";
     options.max_sessions = 2;
     options.max_session_tokens = 64;
-    server_ = StartServer(options);
-    ASSERT_NE(server_, nullptr);
-    stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+    Restart(options);
     // A smooth sequence of 128 demo tokens (a refused step may ask for more than the limit).
     sequence_.resize(128 * kWidth);
     for (size_t i = 0; i < sequence_.size(); ++i) sequence_[i] = std::sin(0.003f * i + 0.2f);
@@ -165,9 +162,33 @@ class DecodeServiceTest : public ::testing::Test {
     return StepOf({sequence_.data()}, {from}, {n}, kWidth);
   }
 
+  // The test's own server (metrics on a free port), and a stub for it.
+  void Restart(ServerOptions options) {
+    options.metrics_listen = "127.0.0.1:0";
+    server_ = StartServer(options);
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+  }
+
+  // A smooth prompt of `tokens` demo tokens.
+  static std::vector<float> LongPrompt(int64_t tokens) {
+    std::vector<float> prompt(tokens * kWidth);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::sin(0.001f * i);
+    return prompt;
+  }
+
   std::unique_ptr<Stream> Open(grpc::ClientContext* context) {
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     return stub_->Decode(context);
+  }
+
+  // A causal session opened with the sequence's first 4 tokens.
+  std::unique_ptr<Stream> OpenWithFirstTokens(grpc::ClientContext* context) {
+    std::unique_ptr<Stream> stream = Open(context);
+    v1::DecodeRequest first = Tokens(0, 4);
+    first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    EXPECT_EQ(Exchange(*stream, first).error_code(), 0);
+    return stream;
   }
 
   double Counter(const std::string& name) { return Gauge(name); }
@@ -288,21 +309,14 @@ TEST_F(DecodeServiceTest, SessionsPastTheLimitOrOnAnUnknownModelEndTheirStream) 
 // chunks, in a run smaller than a chunk alone.
 TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
   ServerOptions options;
-  options.metrics_listen = "127.0.0.1:0";
   options.max_session_tokens = 8192;
-  server_ = StartServer(options);
-  ASSERT_NE(server_, nullptr);
-  stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+  Restart(options);
   // Long enough that the step, sent after the prompt's first chunk, comes while it runs.
   constexpr int64_t kPrompt = 4096;
-  std::vector<float> long_prompt(kPrompt * kWidth);
-  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = std::sin(0.001f * i);
+  const std::vector<float> long_prompt = LongPrompt(kPrompt);
   grpc::ClientContext long_context, short_context;
   std::unique_ptr<Stream> long_stream = Open(&long_context);
-  std::unique_ptr<Stream> short_stream = Open(&short_context);
-  v1::DecodeRequest first = Tokens(0, 4);
-  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
-  ASSERT_EQ(Exchange(*short_stream, first).error_code(), 0);
+  std::unique_ptr<Stream> short_stream = OpenWithFirstTokens(&short_context);
   v1::DecodeRequest prompt = StepOf({long_prompt.data()}, {0}, {kPrompt}, kWidth);
   prompt.set_kind(v1::ATTENTION_KIND_CAUSAL);
   ASSERT_TRUE(long_stream->Write(prompt));
@@ -337,17 +351,11 @@ TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
 
 TEST_F(DecodeServiceTest, APromptBetweenAGeneratingSessionsStepsRunsNoCostlierThanTheSteps) {
   ServerOptions options;
-  options.metrics_listen = "127.0.0.1:0";
   options.max_session_tokens = 8192;
-  server_ = StartServer(options);
-  ASSERT_NE(server_, nullptr);
-  stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+  Restart(options);
   grpc::ClientContext long_context, short_context;
   std::unique_ptr<Stream> long_stream = Open(&long_context);
-  std::unique_ptr<Stream> short_stream = Open(&short_context);
-  v1::DecodeRequest first = Tokens(0, 4);
-  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
-  ASSERT_EQ(Exchange(*short_stream, first).error_code(), 0);
+  std::unique_ptr<Stream> short_stream = OpenWithFirstTokens(&short_context);
   // One session generating all the while: 1-token steps back to back (each rolls back to
   // position 4, so its cache stays short).
   std::atomic<bool> stop{false};
@@ -361,8 +369,7 @@ TEST_F(DecodeServiceTest, APromptBetweenAGeneratingSessionsStepsRunsNoCostlierTh
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   constexpr int64_t kPrompt = 4096;
-  std::vector<float> long_prompt(kPrompt * kWidth);
-  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = std::sin(0.001f * i);
+  const std::vector<float> long_prompt = LongPrompt(kPrompt);
   v1::DecodeRequest prompt = StepOf({long_prompt.data()}, {0}, {kPrompt}, kWidth);
   prompt.set_kind(v1::ATTENTION_KIND_CAUSAL);
   const v1::DecodeResponse prompt_answer = Exchange(*long_stream, prompt);
@@ -497,10 +504,8 @@ TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheS
 
 TEST_F(DecodeServiceTest, ASequenceIdleLongerThanTheTimeoutEnds) {
   ServerOptions options;
-  options.metrics_listen = "127.0.0.1:0";
   options.session_idle_timeout_s = 1;
-  server_ = StartServer(options);
-  ASSERT_NE(server_, nullptr);
+  Restart(options);
   auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
   inference::ModelInferResponse response;
   grpc::ClientContext start_context;
@@ -533,11 +538,8 @@ int64_t ResidentBytes() {
 // bounded time: every cache comes back (the gauges return to 0) and memory stays flat.
 TEST_F(DecodeServiceTest, ASoakOfSessionsEndingEveryWayLeavesNothingBehind) {
   ServerOptions options;
-  options.metrics_listen = "127.0.0.1:0";
   options.max_sessions = 64;
-  server_ = StartServer(options);
-  ASSERT_NE(server_, nullptr);
-  stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+  Restart(options);
   auto round = [this](std::chrono::seconds length) {
     const auto end = std::chrono::steady_clock::now() + length;
     std::vector<std::thread> callers;
