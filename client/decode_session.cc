@@ -44,12 +44,7 @@ class DecodeSession::Reactor final
   // (then `timed_out`), after which the stream is cancelled.
   bool Exchange(const v1::DecodeRequest& request, v1::DecodeResponse* response,
                 absl::Duration timeout, bool* timed_out) {
-    {
-      std::lock_guard lock(mu_);
-      write_pending_ = read_pending_ = true;
-    }
-    StartWrite(&request);
-    StartRead(response);
+    StartExchange(request, response, nullptr);
     std::unique_lock lock(mu_);
     auto finished = [&] { return !write_pending_ && !read_pending_; };
     *timed_out = false;
@@ -65,8 +60,8 @@ class DecodeSession::Reactor final
     return write_ok_ && read_ok_ && !*timed_out;
   }
 
-  // Writes `request` and reads into `response`; `done(ok)` runs when both have, on the thread
-  // that completes the second.
+  // Writes `request` and reads into `response`; `done(ok)` (when given) runs when both have, on
+  // the thread that completes the second.
   void StartExchange(const v1::DecodeRequest& request, v1::DecodeResponse* response,
                      std::function<void(bool)> done) {
     {
@@ -199,21 +194,22 @@ absl::StatusOr<DecodeStepResult> DecodeSession::Step(const FloatArray& input,
 }
 
 absl::Status DecodeSession::Send(const v1::DecodeRequest& request, v1::DecodeResponse* response) {
-  if (ended_status_.has_value()) {
-    return ended_status_->ok() ? absl::FailedPreconditionError("the session is closed")
-                               : *ended_status_;
-  }
-  absl::Status status;
-  if (opened_) {
-    status = Exchange(request, response);
-  } else {
-    // Until a step is taken the session is not open: every message must be able to open it.
-    v1::DecodeRequest first = first_;
-    first.MergeFrom(request);
-    status = Exchange(first, response);
-  }
-  if (!status.ok()) return status;
+  if (ended_status_.has_value()) return AfterEnd();
+  if (absl::Status s = Exchange(Outgoing(request), response); !s.ok()) return s;
   return Answered(*response);
+}
+
+absl::Status DecodeSession::AfterEnd() const {
+  return ended_status_->ok() ? absl::FailedPreconditionError("the session is closed")
+                             : *ended_status_;
+}
+
+const v1::DecodeRequest& DecodeSession::Outgoing(const v1::DecodeRequest& request) {
+  if (opened_) return request;
+  // Until a step is taken the session is not open: every message must be able to open it.
+  first_sent_ = first_;
+  first_sent_.MergeFrom(request);
+  return first_sent_;
 }
 
 absl::Status DecodeSession::Answered(const v1::DecodeResponse& response) {
@@ -228,17 +224,10 @@ absl::Status DecodeSession::Answered(const v1::DecodeResponse& response) {
 void DecodeSession::SendAsync(const v1::DecodeRequest& request, v1::DecodeResponse* response,
                               std::function<void(absl::Status)> done) {
   if (ended_status_.has_value()) {
-    done(ended_status_->ok() ? absl::FailedPreconditionError("the session is closed")
-                             : *ended_status_);
+    done(AfterEnd());
     return;
   }
-  const v1::DecodeRequest* message = &request;
-  if (!opened_) {
-    first_sent_ = first_;
-    first_sent_.MergeFrom(request);
-    message = &first_sent_;
-  }
-  reactor_->StartExchange(*message, response, [this, response, done = std::move(done)](bool ok) {
+  auto answered = [this, response, done = std::move(done)](bool ok) {
     if (ok) {
       done(Answered(*response));
       return;
@@ -246,12 +235,10 @@ void DecodeSession::SendAsync(const v1::DecodeRequest& request, v1::DecodeRespon
     // The stream broke: its status (the server's, or CANCELLED) comes with OnDone, as EndBroken
     // reads it for Send, without waiting on this gRPC thread.
     reactor_->FinishAsync([this, done](const grpc::Status& end) {
-      absl::Status status = FromGrpcStatus(end);
-      if (status.ok()) status = absl::UnavailableError("the decode stream ended");
-      ended_status_ = status;
-      done(status);
+      done(EndWith(end, absl::UnavailableError("the decode stream ended")));
     });
-  });
+  };
+  reactor_->StartExchange(Outgoing(request), response, std::move(answered));
 }
 
 void DecodeSession::Cancel() { reactor_->context_.TryCancel(); }
@@ -267,7 +254,11 @@ absl::Status DecodeSession::Exchange(const v1::DecodeRequest& request,
 }
 
 absl::Status DecodeSession::EndBroken(absl::Status fallback) {
-  absl::Status status = FromGrpcStatus(reactor_->Finish(/*writes_done=*/false));
+  return EndWith(reactor_->Finish(/*writes_done=*/false), std::move(fallback));
+}
+
+absl::Status DecodeSession::EndWith(const grpc::Status& end, absl::Status fallback) {
+  absl::Status status = FromGrpcStatus(end);
   // A stream the server ended cleanly mid-session (drain) still lost the session.
   if (status.ok() || fallback.code() == absl::StatusCode::kDeadlineExceeded) status = fallback;
   ended_status_ = status;

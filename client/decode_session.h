@@ -95,6 +95,13 @@ class DecodeSession {
   absl::Status Exchange(const v1::DecodeRequest& request, v1::DecodeResponse* response);
   // Ends the stream after a failed read or write, and returns the status it ended with.
   absl::Status EndBroken(absl::Status fallback);
+  // The session's end, from the stream's status (`fallback` when the stream ended OK or the
+  // step timed out).
+  absl::Status EndWith(const grpc::Status& end, absl::Status fallback);
+  // What a step returns once the session has ended.
+  absl::Status AfterEnd() const;
+  // The message to send: `request`, or until the session opens, first_ with it.
+  const v1::DecodeRequest& Outgoing(const v1::DecodeRequest& request);
   // What a step that was written and read returns (its in-stream refusal, if any); opens the
   // session when the server took it.
   absl::Status Answered(const v1::DecodeResponse& response);
@@ -103,7 +110,7 @@ class DecodeSession {
   absl::Duration step_timeout_;
   v1::DecodeRequest first_;       // model, kind and context: sent until a step is taken
   bool opened_ = false;           // a step was taken: the server has the session
-  v1::DecodeRequest first_sent_;  // SendAsync's first message while it is in flight
+  v1::DecodeRequest first_sent_;  // Outgoing's first_ + request, while it is in flight
   std::optional<absl::Status> ended_status_;
   std::unique_ptr<Reactor> reactor_;
 };

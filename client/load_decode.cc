@@ -121,13 +121,12 @@ class AsyncSession {
   }
 
  private:
-  // Sends `request` timed; `then` gets its status, counted.
-  void Send(const v1::DecodeRequest& request, std::function<void(bool)> then) {
+  // Sends `request` timed; `then` gets whether it was answered, counted, and when it was sent.
+  void Send(const v1::DecodeRequest& request, std::function<void(bool, Clock::time_point)> then) {
     ++f_.sent;
-    sent_ = Clock::now();
-    sent_ns_.store(sent_.time_since_epoch().count());
+    sent_ns_.store(Clock::now().time_since_epoch().count());
     session_->SendAsync(request, &response_, [this, then = std::move(then)](absl::Status s) {
-      sent_ns_.store(0);
+      const Clock::time_point sent{Clock::duration(sent_ns_.exchange(0))};
       if (!s.ok() && timed_out_) {
         s = absl::DeadlineExceededError("a decode step waited past the step timeout");
       }
@@ -138,7 +137,7 @@ class AsyncSession {
         ++f_.errors[s.code()];
         failed_ = true;
       }
-      then(s.ok());
+      then(s.ok(), sent);
     });
   }
 
@@ -151,7 +150,7 @@ class AsyncSession {
       return;
     }
     const v1::DecodeRequest& chunk = prompt_[chunk_++];
-    Send(chunk, [this, &chunk](bool ok) {
+    Send(chunk, [this, &chunk](bool ok, Clock::time_point /*sent*/) {
       if (!ok) {
         run_.PromptDone(this, false);
         return;
@@ -168,10 +167,9 @@ class AsyncSession {
       return;
     }
     ++step_;
-    Send(request_, [this](bool ok) {
-      const Clock::time_point now = Clock::now();
-      const int64_t us = MicrosBetween(sent_, now);
-      TimeSlice& slice = f_.slices[MicrosBetween(run_.decode_start, sent_) / 1000000];
+    Send(request_, [this](bool ok, Clock::time_point sent) {
+      const int64_t us = MicrosBetween(sent, Clock::now());
+      TimeSlice& slice = f_.slices[MicrosBetween(run_.decode_start, sent) / 1000000];
       ++slice.sent;
       if (!ok) {
         ++slice.failed;
@@ -198,7 +196,7 @@ class AsyncSession {
   v1::DecodeRequest request_;
   v1::DecodeResponse response_;
   const int64_t tokens_;
-  Clock::time_point start_, sent_;
+  Clock::time_point start_;
   size_t chunk_ = 0;
   int step_ = 0;
   bool failed_ = false;

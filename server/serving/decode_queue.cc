@@ -215,17 +215,16 @@ void DecodeQueue::RunNext(Clock::time_point now) {
     const int64_t max_prefill = others ? chunk_tokens_ * (chunk_tokens_ + 2 * layer->spec().d_model)
                                        : std::numeric_limits<int64_t>::max();
     // A run of prompts alone, in a moment between the steps of sessions that are generating
-    // (their last run within kGeneratingWindow), costs no more than those steps did: the steps
-    // that arrive meanwhile wait for it.
+    // (short steps within kGeneratingWindow), is held to those steps' last run the same way:
+    // the steps that arrive meanwhile wait for it.
     if (any_short) {
       recent_short_reads_ = short_reads;
       recent_short_at_ = now;
-    } else if (others && now - recent_short_at_ < kGeneratingWindow) {
-      short_reads = recent_short_reads_;
-      any_short = true;
     }
+    const bool generating = any_short || (others && now - recent_short_at_ < kGeneratingWindow);
     int64_t prefill_reads =
-        any_short ? std::min(max_prefill, std::max(short_reads, kMinPrefillReads)) : max_prefill;
+        generating ? std::min(max_prefill, std::max(recent_short_reads_, kMinPrefillReads))
+                   : max_prefill;
     for (size_t i = 0; i < steps.size() && status.ok(); ++i) {
       Session& session = *steps[i]->session;
       // Each session's state is read and written under its lock: its frontend's next Step

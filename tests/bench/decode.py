@@ -34,6 +34,7 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
   this section alone. The peer needs python3-torch with OpenBLAS (libopenblas0-openmp).
 """
 import argparse
+import functools
 import json
 import os
 import resource
@@ -60,16 +61,23 @@ def free_port():
         return s.getsockname()[1]
 
 
+@functools.lru_cache(maxsize=1)
+def copy_buffers(gib):
+    """A source and a destination of `gib` GiB, every page touched; made once, for every row's
+    copies."""
+    src = np.ones((gib << 30) // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    return src, dst
+
+
 def copy_bandwidth(gib=1, reps=3):
     """Bytes/s (read + write) of the best 1 GiB copy, one thread or two (numpy frees the GIL)."""
-    n = (gib << 30) // 4
-    src = np.ones(n, dtype=np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # touch every page first
+    src, dst = copy_buffers(gib)
+    n = len(src)
     best = 0.0
     for threads in (1, 2):
-        parts = np.array_split(np.arange(n), threads)
-        bounds = [(p[0], p[-1] + 1) for p in parts]
+        bounds = [(n * i // threads, n * (i + 1) // threads) for i in range(threads)]
         for _ in range(reps):
             workers = [threading.Thread(target=np.copyto, args=(dst[a:b], src[a:b]))
                        for a, b in bounds]
@@ -79,7 +87,6 @@ def copy_bandwidth(gib=1, reps=3):
             for w in workers:
                 w.join()
             best = max(best, 2 * src.nbytes / (time.perf_counter() - t))
-    del src, dst
     return best
 
 
