@@ -14,8 +14,8 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
   tokens/s; and the sessions' tokens/s (64 streams of one sequence, one stream of B = 64;
   prompt 512 and 4096, 128 steps of 1 token), as a ratio to it (target >= 0.6 on the 768-wide
   layer); beside them the same step of the same sequences through Layer::Decode alone, no
-  server (attnserve_decode_bench), as a share of its own copy's ceiling: as near as a row can
-  come;
+  server (attnserve_decode_bench), as a share of its own copy's ceiling, and each row's
+  tokens/s as a share of its: as near as a row can come;
 - the ceiling with the load tester on the same cores (prompt 512, 768-wide): per token, the
   client's CPU, gRPC's own server CPU per message (grpc_floor, 16 streams in flight) and the
   attention's memory time on every core must fit in the cores' time; the sessions' tokens/s as
@@ -466,10 +466,15 @@ def print_other_rows(table):
             target = ">= 0.6" if name == "wide" else "(per-message cost)"
             print(f"| {name} {precision} cache, prompt {prompt}, {how}: tokens/s / ceiling | "
                   f"{tps:.0f} / {ceiling:.0f} = {tps / ceiling:.3f} | {target} |")
-        for prompt, n, tps, of_copy in table[f"engine_{precision}"]:
+        for prompt, n, engine_tps, of_copy in table[f"engine_{precision}"]:
             print(f"| wide {precision} cache, prompt {prompt}: Layer::Decode alone (no server), "
-                  f"{n} sequences: step / copy ceiling | {of_copy:.3f} ({tps:.0f} tokens/s) | "
-                  f"(measured ceiling) |")
+                  f"{n} sequences: step / its copy ceiling | {of_copy:.3f} ({engine_tps:.0f} "
+                  f"tokens/s) | (measured ceiling) |")
+            for _, name, row_prompt, how, tps, _, _ in table[f"ceiling_{precision}"]:
+                if name == "wide" and row_prompt == prompt:
+                    print(f"| wide {precision} cache, prompt {prompt}, {how}: tokens/s / "
+                          f"Layer::Decode alone's | {tps:.0f} / {engine_tps:.0f} = "
+                          f"{tps / engine_tps:.2f} | (of the measured ceiling) |")
     for name, prompt, how, tps, ceiling, server_cpu, client_cpu in table["shared"]:
         print(f"| {name} f32, prompt {prompt}, {how}: tokens/s / shared-cores ceiling (client "
               f"{client_cpu * 1e6:.0f} us + gRPC floor + memory, per token) | {tps:.0f} / "
