@@ -93,6 +93,14 @@ def copy_bandwidth(gib=1, reps=3):
     return best
 
 
+def beside_copies(run):
+    """`run`'s result and the copy bandwidth beside it: the best of the copies just before and
+    just after (a shared machine's bandwidth moves by a quarter within a minute)."""
+    before = copy_bandwidth()
+    result = run()
+    return result, max(before, copy_bandwidth())
+
+
 def write_wide_layer(path, d=768, heads=12):
     rng = np.random.default_rng(11)
     s = 1 / np.sqrt(d)
@@ -186,9 +194,8 @@ def ceiling_rows(bench, models, element_bytes, lengths, steps, label):
             mean_len = prompt + steps / 2
             per_token = 2 * inner * element_bytes * mean_len
             for sessions, batch in ((n, 1), (1, n)):
-                before = copy_bandwidth()
-                r = bench.decode(name, sessions, batch, prompt, steps)
-                bandwidth = max(before, copy_bandwidth())
+                r, bandwidth = beside_copies(
+                    lambda: bench.decode(name, sessions, batch, prompt, steps))
                 ceiling = bandwidth / per_token
                 tps = r["decode"]["tokens_per_second"]
                 rows.append((label, name, prompt, f"{sessions}x B={batch}", tps, ceiling,
@@ -208,11 +215,10 @@ def engine_rows(build, precision, element_bytes, lengths, steps):
     rows = []
     for prompt, n in lengths:
         cached = prompt + steps // 2
-        before = copy_bandwidth()
-        r = subprocess.run([os.path.join(build, "tests", "bench", "attnserve_decode_bench"),
-                            "--sequences", str(n), "--cached", str(cached), "--kv-precision",
-                            precision, "--reps", "7"], check=True, capture_output=True, text=True)
-        bandwidth = max(before, copy_bandwidth())
+        argv = [os.path.join(build, "tests", "bench", "attnserve_decode_bench"), "--sequences",
+                str(n), "--cached", str(cached), "--kv-precision", precision, "--reps", "7"]
+        r, bandwidth = beside_copies(
+            lambda: subprocess.run(argv, check=True, capture_output=True, text=True))
         tps = json.loads(r.stdout.splitlines()[-1])["tokens_per_s"]
         ceiling = bandwidth / (2 * 768 * element_bytes * (cached + 1))
         rows.append((prompt, n, tps, ceiling))
@@ -401,11 +407,11 @@ def peer_rows(server_bin, client_bin, build, workdir, layer, n, prompt, steps):
         try:
             bench.decode("wide", 2, 2, 32, 4)  # a warm-up: first calls' setup out of the timing
             for sessions, batch in shapes:
-                before = copy_bandwidth()
-                r = bench.decode("wide", sessions, batch, prompt, steps)
+                r, bandwidth = beside_copies(
+                    lambda: bench.decode("wide", sessions, batch, prompt, steps))
                 key = who, sessions, batch
                 tps[key] = r["decode"]["tokens_per_second"]
-                ceiling[key] = max(before, copy_bandwidth()) / per_token
+                ceiling[key] = bandwidth / per_token
                 print(f"  {who:9s} wide prompt {prompt:4d} {sessions:2d} sessions x B={batch:2d}: "
                       f"{tps[key]:9.0f} tokens/s, step p99 "
                       f"{r['decode']['inter_token_latency_ms']['p99']:.1f} ms, "
