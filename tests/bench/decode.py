@@ -101,7 +101,17 @@ def beside_copies(run):
     return result, max(before, copy_bandwidth())
 
 
-def write_wide_layer(path, d=768, heads=12):
+# The 768-wide 12-head layer's width: its heads' keys and values are as wide.
+WIDE = 768
+
+
+def cache_bytes(inner, element_bytes, prompt, steps):
+    """The cache bytes a token's step reads, on the mean over `steps` steps after a `prompt`:
+    every cached position's key and value."""
+    return 2 * inner * element_bytes * (prompt + steps / 2)
+
+
+def write_wide_layer(path, d=WIDE, heads=12):
     rng = np.random.default_rng(11)
     s = 1 / np.sqrt(d)
     save_layer(path, {"in_proj_weight": rng.standard_normal((3 * d, d)) * s,
@@ -191,8 +201,7 @@ def ceiling_rows(bench, models, element_bytes, lengths, steps, label):
     rows = []
     for name, inner in models:
         for prompt, n in lengths:
-            mean_len = prompt + steps / 2
-            per_token = 2 * inner * element_bytes * mean_len
+            per_token = cache_bytes(inner, element_bytes, prompt, steps)
             for sessions, batch in ((n, 1), (1, n)):
                 r, bandwidth = beside_copies(
                     lambda: bench.decode(name, sessions, batch, prompt, steps))
@@ -220,7 +229,7 @@ def engine_rows(build, precision, element_bytes, lengths, steps):
         r, bandwidth = beside_copies(
             lambda: subprocess.run(argv, check=True, capture_output=True, text=True))
         tps = json.loads(r.stdout.splitlines()[-1])["tokens_per_s"]
-        ceiling = bandwidth / (2 * 768 * element_bytes * (cached + 1))
+        ceiling = bandwidth / cache_bytes(WIDE, element_bytes, prompt, steps)
         rows.append((prompt, n, tps, ceiling))
         print(f"  {precision} engine alone (Layer::Decode), wide, {n} sequences at {cached} "
               f"cached: {tps:9.0f} tokens/s, copy {bandwidth / 1e9:.1f} GB/s -> ceiling "
@@ -251,7 +260,7 @@ def shared_cores_rows(server, bench, floor_message_cpu, name, inner, element_byt
                       client_after.ru_utime + client_after.ru_stime - client_before.ru_utime -
                       client_before.ru_stime, r["decode"]["tokens_per_second"])
         bandwidth = max(before, copy_bandwidth())
-        memory_cpu = cores * 2 * inner * element_bytes * (prompt + steps / 2) / bandwidth
+        memory_cpu = cores * cache_bytes(inner, element_bytes, prompt, steps) / bandwidth
         tokens = sessions * batch * (steps - 1)
         server_cpu = (cpu[steps][0] - cpu[1][0]) / tokens
         client_cpu = (cpu[steps][1] - cpu[1][1]) / tokens
@@ -397,7 +406,7 @@ def peer_rows(server_bin, client_bin, build, workdir, layer, n, prompt, steps):
     memory-bound ceiling (as ceiling_rows): the peer's share of it bounds how far any server can
     be ahead of the peer on this machine (ceiling / peer)."""
     shapes = ((n, 1), (1, n))
-    per_token = 2 * 768 * 4 * (prompt + steps / 2)
+    per_token = cache_bytes(WIDE, 4, prompt, steps)
     tps, ceiling = {}, {}
     for who in ("attnserve", "peer"):
         server = (Server(server_bin, workdir, [f"wide={layer}:num_heads=12"],
@@ -431,7 +440,7 @@ def peer_rows(server_bin, client_bin, build, workdir, layer, n, prompt, steps):
 
 def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, lengths):
     """The sections before the peer's: the ceiling, recompute, serving cost, chunked prefill."""
-    models = [("demo", 256), ("wide", 768)]
+    models = [("demo", 256), ("wide", WIDE)]
     print("gRPC's own floor:", flush=True)
     floor_messages, floor_reps = (1032, 1) if args.quick else (8256, 3)
     table["floor"] = grpc_floor(args.build, workdir, floor_messages, floor_reps)
@@ -450,7 +459,7 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
                 print("the ceiling with the load tester on the same cores (768-wide, f32):",
                       flush=True)
                 table["shared"] = shared_cores_rows(server, bench, table["floor"][16][0],
-                                                    "wide", 768, element_bytes, lengths[0][0],
+                                                    "wide", WIDE, element_bytes, lengths[0][0],
                                                     lengths[0][1], steps)
                 print("against recompute (768-wide, one sequence):", flush=True)
                 table["recompute"] = recompute_rows(bench, "wide", [128, 512, 2048], steps)
