@@ -7,11 +7,15 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -131,6 +135,74 @@ absl::StatusOr<std::unique_ptr<DecodeState>> MakeDecode(const Shape& shape, int6
   return st;
 }
 
+// Runs `fn` on `threads` OpenMP threads (the calling thread's setting, restored after).
+void OnThreads(int threads, const std::function<void()>& fn) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  fn();
+  omp_set_num_threads(saved);
+}
+
+double MsOf(const std::function<void()>& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// --overlap: how much a step could gain if its projections (compute-bound) ran beside its
+// attention (memory-bound) instead of before and after it. Timed apart on every thread, on one
+// thread each, and both at once, one thread each (a copy between them, so that each starts from
+// memory as in a step). The bound: both at once until the first is done, the rest of the other
+// on every thread; it ignores that a step's attention needs its queries first, so no schedule
+// does better.
+int Overlap(DecodeState& s, DecodeState& projections_only, int64_t heads, int64_t d_model,
+            MemoryStream& memory, int reps) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d_model / heads));
+  auto attention = [&] { core::KvAttention(s.queries, heads, d_model / heads, scale); };
+  auto projections = [&] { projections_only.Step(); };
+  std::vector<double> together_attention, together_projections;
+  const std::vector<double> ms = AlternatingMedianMs(
+      {[&] { s.Step(); }, [&] { memory.Copy(); }, attention, [&] { memory.Copy(); }, projections,
+       [&] { memory.Copy(); }, [&] { OnThreads(1, attention); }, [&] { memory.Copy(); },
+       [&] { OnThreads(1, projections); },
+       // On one thread: the team's other thread, spinning after a region, would take a core.
+       [&] { OnThreads(1, [&] { memory.Copy(); }); },
+       [&] {
+         double projections_ms = 0;
+         std::thread other([&] { OnThreads(1, [&] { projections_ms = MsOf(projections); }); });
+         OnThreads(1, [&] { together_attention.push_back(MsOf(attention)); });
+         other.join();
+         together_projections.push_back(projections_ms);
+       },
+       [&] { memory.Copy(); }},
+      reps);
+  if (!s.status.ok() || !projections_only.status.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 (s.status.ok() ? projections_only.status : s.status).ToString().c_str());
+    return 1;
+  }
+  const double step = ms[0], attention_ms = ms[2], projections_ms = ms[4];
+  const double ta = Median(together_attention), tp = Median(together_projections);
+  const double both = std::min(ta, tp);
+  const double bound = both + (1 - both / ta) * attention_ms + (1 - both / tp) * projections_ms;
+  std::printf(
+      "{\"sequences\": %zu, \"cached\": %lld, \"step_ms\": %.3f, \"attention_ms\": %.3f, "
+      "\"projections_ms\": %.3f, \"attention_one_thread_ms\": %.3f, "
+      "\"projections_one_thread_ms\": %.3f, \"together_attention_ms\": %.3f, "
+      "\"together_projections_ms\": %.3f, \"overlapped_step_bound_ms\": %.3f, "
+      "\"step_over_bound\": %.3f}\n",
+      s.steps.size(), static_cast<long long>(s.cached), step, attention_ms, projections_ms, ms[6],
+      ms[8], ta, tp, bound, step / bound);
+  std::fflush(stdout);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"attnserve_decode_bench: Layer::Decode steps vs the memory-bound ceiling"};
   int64_t sequences = 64, d_model = 768, heads = 12;
@@ -153,9 +225,15 @@ int Main(int argc, char** argv) {
   app.add_flag("--profile", profile,
                "time the steps and the attention alone, without the memory stream between them "
                "(for a profiler, or caches kept warm); no ceiling is printed");
+  bool overlap = false;
+  app.add_flag("--overlap", overlap,
+               "instead: the projections and the attention timed apart, on one thread each, and "
+               "both at once, one thread each: the most a step could gain by running them side "
+               "by side (overlapped_step_bound_ms)");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) omp_set_num_threads(threads);
   const bool bf16 = precision_arg == "bf16";
+  const core::KvPrecision precision = bf16 ? core::KvPrecision::kBF16 : core::KvPrecision::kF32;
   Shape shape;
   shape.name = "decode";
   shape.kind = core::AttentionKind::kCausal;
@@ -168,14 +246,23 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "--cached: '%s' is not a length\n", std::string(part).c_str());
       return 2;
     }
-    auto st = MakeDecode(shape, sequences, cached,
-                         bf16 ? core::KvPrecision::kBF16 : core::KvPrecision::kF32);
+    auto st = MakeDecode(shape, sequences, cached, precision);
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.status().ToString().c_str());
       return 1;
     }
     DecodeState& s = **st;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d_model / heads));
+    if (overlap) {
+      // The same sequences with empty caches: their step is all projections.
+      auto projections_only = MakeDecode(shape, sequences, 0, precision);
+      if (!projections_only.ok()) {
+        std::fprintf(stderr, "%s\n", projections_only.status().ToString().c_str());
+        return 1;
+      }
+      if (int r = Overlap(s, **projections_only, heads, d_model, memory, reps); r != 0) return r;
+      continue;
+    }
     if (profile) {
       const std::vector<double> ms = AlternatingMedianMs(
           {[&] { s.Step(); }, [&] { core::KvAttention(s.queries, heads, d_model / heads, scale); }},
