@@ -220,7 +220,9 @@ def engine_rows(build, precision, element_bytes, lengths, steps):
     (attnserve_decode_bench: 768-wide, one token a sequence, at the rows' mean cached length;
     the median of 7 steps, each after a 1 GiB read and copy, so its caches start as cold as a
     session's), against the ceiling the rows have: the best copy just before and just after it.
-    As near as a row can come, a step's projections taking their time beside the cache's read."""
+    As near as a row can come, a step's projections taking their time beside the cache's read.
+    And how near the engine could come if the projections ran beside the attention (its
+    --overlap bound: the step's share times the step's time over the bound)."""
     rows = []
     for prompt, n in lengths:
         cached = prompt + steps // 2
@@ -230,10 +232,14 @@ def engine_rows(build, precision, element_bytes, lengths, steps):
             lambda: subprocess.run(argv, check=True, capture_output=True, text=True))
         tps = json.loads(r.stdout.splitlines()[-1])["tokens_per_s"]
         ceiling = bandwidth / cache_bytes(WIDE, element_bytes, prompt, steps)
-        rows.append((prompt, n, tps, ceiling))
+        overlap = json.loads(subprocess.run(argv + ["--overlap"], check=True, capture_output=True,
+                                            text=True).stdout.splitlines()[-1])["step_over_bound"]
+        rows.append((prompt, n, tps, ceiling, overlap))
         print(f"  {precision} engine alone (Layer::Decode), wide, {n} sequences at {cached} "
               f"cached: {tps:9.0f} tokens/s, copy {bandwidth / 1e9:.1f} GB/s -> ceiling "
-              f"{ceiling:9.0f} -> {tps / ceiling:.3f}", flush=True)
+              f"{ceiling:9.0f} -> {tps / ceiling:.3f}; step / its bound with the projections "
+              f"beside the attention {overlap:.3f} -> at most {tps * overlap / ceiling:.3f}",
+              flush=True)
     return rows
 
 
@@ -483,10 +489,13 @@ def print_other_rows(table):
             target = ">= 0.6" if name == "wide" else "(per-message cost)"
             print(f"| {name} {precision} cache, prompt {prompt}, {how}: tokens/s / ceiling | "
                   f"{tps:.0f} / {ceiling:.0f} = {tps / ceiling:.3f} | {target} |")
-        for prompt, n, tps, ceiling in table[f"engine_{precision}"]:
+        for prompt, n, tps, ceiling, overlap in table[f"engine_{precision}"]:
             print(f"| wide {precision} cache, prompt {prompt}, Layer::Decode alone (no server), "
                   f"{n} sequences: tokens/s / ceiling | {tps:.0f} / {ceiling:.0f} = "
                   f"{tps / ceiling:.3f} | (as near as a row can come) |")
+            print(f"| the same with its projections beside its attention (the --overlap bound) | "
+                  f"{tps / ceiling:.3f} x {overlap:.3f} = {tps * overlap / ceiling:.3f} | "
+                  f"(as near as overlapping the two could bring it) |")
     for name, prompt, how, tps, ceiling, server_cpu, client_cpu in table["shared"]:
         print(f"| {name} f32, prompt {prompt}, {how}: tokens/s / shared-cores ceiling (client "
               f"{client_cpu * 1e6:.0f} us + gRPC floor + memory, per token) | {tps:.0f} / "
