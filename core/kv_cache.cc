@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 namespace attnserve::core {
 
 bool KvCacheBudget::TryCharge(int64_t bytes) {
+  if (bytes < 0) return false;  // a charge never gives room back: Release does
   int64_t used = used_.load();
   do {
     if (used + bytes > limit_) return false;
@@ -50,6 +52,9 @@ int64_t KvSequence::head_bytes() const {
 }
 
 absl::Status KvSequence::Reserve(int64_t length) {
+  if (length < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a sequence of ", length, " tokens"));
+  }
   const size_t needed = static_cast<size_t>((length + kKvBlockTokens - 1) / kKvBlockTokens);
   if (needed <= blocks_.size()) return absl::OkStatus();
   const int64_t more = static_cast<int64_t>(needed - blocks_.size()) * block_bytes();
@@ -65,7 +70,7 @@ absl::Status KvSequence::Reserve(int64_t length) {
       blocks_.emplace_back(static_cast<unsigned char*>(
           ::operator new[](static_cast<size_t>(block_bytes()), kBlockAlignment)));
     }
-  } catch (const std::bad_alloc&) {
+  } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector holds
     blocks_.resize(before);
     budget_->Release(more);
     return absl::ResourceExhaustedError("out of memory for the KV cache");

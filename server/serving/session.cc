@@ -51,6 +51,12 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
     return absl::InvalidArgumentError(
         absl::StrCat("context batch ", context->batch(), " != input batch ", batch));
   }
+  // Before any of it is used: its lengths size the cache the session reserves.
+  if (context != nullptr) {
+    if (absl::Status s = layer->ValidateBatch(*context, /*context=*/true, "context"); !s.ok()) {
+      return s;
+    }
+  }
   int open = open_.load();
   do {
     if (open >= options_.max_sessions) {
@@ -60,6 +66,9 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
     }
   } while (!open_.compare_exchange_weak(open, open + 1));
   std::unique_ptr<Session> session(new Session(this, std::move(version), kind, queue, metrics));
+  // Counted as open from here: the session's end (below, if its context is refused) counts it
+  // closed.
+  if (metrics != nullptr) metrics->SessionOpened();
   const core::KvPrecision precision = options_.precision.value_or(
       layer->precision() == core::Precision::kBF16 ? core::KvPrecision::kBF16
                                                    : core::KvPrecision::kF32);
@@ -84,7 +93,6 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
       session->pending_context_.emplace_back(rows, rows + context->lengths[b] * context->width);
     }
   }
-  if (metrics != nullptr) metrics->SessionOpened();
   return session;
 }
 
@@ -137,7 +145,11 @@ absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done
         "the session has ", batch, " sequences; this message has ", args.tokens.size()));
   }
   const int64_t longest = *std::max_element(positions_.begin(), positions_.end());
-  if (args.truncate_to && (*args.truncate_to < 0 || *args.truncate_to > longest)) {
+  if (args.truncate_to && *args.truncate_to < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("truncate_to ", *args.truncate_to, " is negative: positions start at 0"));
+  }
+  if (args.truncate_to && *args.truncate_to > longest) {
     return absl::InvalidArgumentError(absl::StrCat("truncate_to ", *args.truncate_to,
                                                    " is past the end: the longest sequence "
                                                    "holds ",

@@ -206,6 +206,22 @@ TEST(KvCacheTest, ABudgetThatCannotTakeAStepRefusesItAndChangesNothing) {
   EXPECT_EQ(bytes.load(), budget.used());
 }
 
+// A negative length (from a caller's bad lengths) is refused, and no charge, however computed,
+// gives the budget room it does not have.
+TEST(KvCacheTest, ANegativeLengthIsRefusedAndTheBudgetStaysWhole) {
+  KvCacheBudget budget(2 * 2 * kKvBlockTokens * 8 * 4);  // two blocks of width 8, f32
+  KvSequence a(8, 8, KvPrecision::kF32, &budget, nullptr);
+  for (int64_t length : {int64_t{-1}, int64_t{-17}, int64_t{-2147483648}}) {
+    EXPECT_EQ(a.Reserve(length).code(), absl::StatusCode::kInvalidArgument) << length;
+  }
+  EXPECT_EQ(budget.used(), 0);
+  EXPECT_FALSE(budget.TryCharge(-a.block_bytes()));
+  EXPECT_EQ(budget.used(), 0);
+  ASSERT_TRUE(a.Reserve(2 * kKvBlockTokens).ok());
+  KvSequence b(8, 8, KvPrecision::kF32, &budget, nullptr);
+  EXPECT_EQ(b.Reserve(1).code(), absl::StatusCode::kResourceExhausted);
+}
+
 // Every KV attention kernel this CPU runs (AVX-512, AVX2, portable), f32 and bf16 caches, head
 // widths that are and are not multiples of 16 and 64 (and an odd one: bf16 pairs dimensions),
 // lengths that end inside a block (after an odd row: bf16 pairs rows): each

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -243,7 +244,16 @@ int HttpServer::Handle(mg_connection* connection) {
       return 401;
     }
   }
-  self.router_.Dispatch(exchange);
+  try {
+    self.router_.Dispatch(exchange);
+  } catch (const std::exception& e) {
+    // No request may take the server down with it: the request fails, the others go on.
+    self.failures_.Add(LogLevel::kError, "http INTERNAL", "HTTP call failed",
+                       {{"path", Clipped(exchange.path())}, {"error", e.what()}});
+    ReplyError(exchange, absl::InternalError(absl::StrCat("the call failed: ", e.what())),
+               /*close=*/true);
+    return 500;
+  }
   return 200;
 }
 

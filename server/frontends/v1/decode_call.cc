@@ -66,6 +66,9 @@ bool DecodeCall::OpenSession() {
                           &input_);
   }
   const bool cross = kind.ok() && *kind == core::AttentionKind::kCausalCross;
+  if (s.ok() && !cross && request_.context_lengths_size() > 0) {
+    s = absl::InvalidArgumentError("a causal session takes no context (nor context_lengths)");
+  }
   if (s.ok() && cross != HasTensor(request_.context())) {
     s = absl::InvalidArgumentError(cross ? "a causal_cross session's first message carries "
                                            "its context"
@@ -83,10 +86,6 @@ bool DecodeCall::OpenSession() {
   }
   absl::StatusOr<std::unique_ptr<Session>> session = admission_->OpenSession(
       request_.model(), request_.version(), *kind, input_.batch(), cross ? &context : nullptr);
-  if (session.ok() && cross) {
-    absl::Status valid = (*session)->layer()->ValidateBatch(context, /*context=*/true, "context");
-    if (!valid.ok()) session = valid;
-  }
   if (!session.ok()) {
     // A message the client can correct is answered in the stream; a session that cannot be
     // had here (no such model, no room, shutting down) ends it.
