@@ -21,35 +21,44 @@ SequenceTable::SequenceTable(std::chrono::milliseconds idle_timeout)
 SequenceTable::~SequenceTable() { reaper_.Stop(); }
 
 void SequenceTable::Start(const std::string& id, std::shared_ptr<Session> session) {
+  const std::string model = session->version()->name;
   std::shared_ptr<Session> old;
+  bool log = false;
   {
     std::lock_guard lock(mu_);
-    Entry& entry = entries_[id];
+    const Clock::time_point now = Clock::now();
+    Entry& entry = entries_[Key(model, id)];
     old = std::move(entry.session);
-    entry = {std::move(session), Clock::now()};
+    entry = {std::move(session), now};
+    // Once a second at most: clients restarting ids in a loop must not flood the log.
+    if (old != nullptr && now - last_restart_log_ >= std::chrono::seconds(1)) {
+      last_restart_log_ = now;
+      log = true;
+    }
   }
-  if (old != nullptr) {
+  if (log) {
     Log(LogLevel::kInfo, "sequence_start on a sequence id in use: its session ended",
-        {{"sequence_id", Clipped(id)}});
+        {{"model", model}, {"sequence_id", Clipped(id)}});
   }
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& id) {
+absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& model,
+                                                             const std::string& id) {
   std::lock_guard lock(mu_);
-  auto it = entries_.find(id);
+  auto it = entries_.find(Key(model, id));
   if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("sequence ", Clipped(id),
-                                            " has no session: never started, ended, or idle past "
-                                            "--session-idle-timeout; send sequence_start"));
+    return absl::NotFoundError(absl::StrCat("sequence ", Clipped(id), " of model '", model,
+                                            "' has no session: never started, ended, or idle "
+                                            "past --session-idle-timeout; send sequence_start"));
   }
   it->second.last_used = Clock::now();
   return it->second.session;
 }
 
-void SequenceTable::End(const std::string& id) {
+void SequenceTable::End(const std::string& model, const std::string& id) {
   std::shared_ptr<Session> ended;
   std::lock_guard lock(mu_);
-  auto it = entries_.find(id);
+  auto it = entries_.find(Key(model, id));
   if (it == entries_.end()) return;
   ended = std::move(it->second.session);
   entries_.erase(it);

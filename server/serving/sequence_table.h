@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "server/base/periodic_thread.h"
@@ -13,9 +14,10 @@
 
 namespace attnserve::server {
 
-// Decode sessions keyed by a client's sequence id (the Open Inference Protocol's sequence_id,
-// as Triton's sequence batcher keys them): started by a request with sequence_start, ended by
-// one with sequence_end or after `idle_timeout` without a request.
+// Decode sessions keyed by a model's name and a client's sequence id (the Open Inference
+// Protocol's sequence_id; each model has its own ids, as each of Triton's sequence batchers
+// does): started by a request with sequence_start, ended by one with sequence_end or after
+// `idle_timeout` without a request.
 class SequenceTable {
  public:
   // Starts the idle reaper.
@@ -25,15 +27,16 @@ class SequenceTable {
   SequenceTable(const SequenceTable&) = delete;
   SequenceTable& operator=(const SequenceTable&) = delete;
 
-  // Keeps `session` under `id`; a session the id had ends (and the log says so).
+  // Keeps `session` under its model's name and `id`; a session they had ends (and the log says
+  // so, at most once a second).
   void Start(const std::string& id, std::shared_ptr<Session> session);
 
-  // The session of `id`, its idle clock restarted; NotFound naming the id when it has none
-  // (never started, ended, or idle past the timeout).
-  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& id);
+  // The session of `model`'s `id`, its idle clock restarted; NotFound naming the id when it has
+  // none (never started, ended, or idle past the timeout).
+  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& model, const std::string& id);
 
-  // Ends the session of `id`, if any.
-  void End(const std::string& id);
+  // Ends the session of `model`'s `id`, if any.
+  void End(const std::string& model, const std::string& id);
 
   // Sessions held now.
   size_t size() const;
@@ -48,8 +51,10 @@ class SequenceTable {
 
   const std::chrono::milliseconds idle_timeout_;
   mutable std::mutex mu_;
-  std::map<std::string, Entry> entries_;  // guarded by mu_
-  PeriodicThread reaper_;                 // last: stopped before the entries go
+  using Key = std::pair<std::string, std::string>;  // model name, sequence id
+  std::map<Key, Entry> entries_;                    // guarded by mu_
+  Clock::time_point last_restart_log_{};            // guarded by mu_
+  PeriodicThread reaper_;                           // last: stopped before the entries go
 };
 
 }  // namespace attnserve::server

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -500,6 +501,105 @@ TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheS
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
+// A causal cross first message whose context is refused, for a negative length or for more than
+// the cache budget holds, opens nothing: it is answered, counts no session, charges no cache, and
+// the budget still holds after it.
+TEST_F(DecodeServiceTest, ARefusedContextOpensNothingAndLeavesTheBudgetWhole) {
+  ServerOptions options;
+  options.kv_cache_mib = 1;  // 512 demo tokens of keys and values
+  Restart(options);
+  auto cross_first = [&](int64_t context_tokens, int32_t length) {
+    v1::DecodeRequest first = Tokens(0, 1);
+    first.set_kind(v1::ATTENTION_KIND_CAUSAL_CROSS);
+    const std::vector<float> context = LongPrompt(context_tokens);
+    *first.mutable_context() = MakeTensor({1, context_tokens, kWidth}, context, /*raw=*/true);
+    first.add_context_lengths(length);
+    return first;
+  };
+  for (int32_t negative : {-3, -17, std::numeric_limits<int32_t>::min()}) {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = Open(&context);
+    const v1::DecodeResponse refused = Exchange(*stream, cross_first(3, negative));
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << negative;
+    // The stream is still open: a session starts on it.
+    v1::DecodeRequest first = Tokens(0, 4);
+    first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    EXPECT_EQ(Exchange(*stream, first).error_code(), 0);
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  // A context past the budget ends its stream, and the session it would have been is not
+  // counted (open or closed).
+  grpc::ClientContext too_long_context;
+  std::unique_ptr<Stream> too_long = Open(&too_long_context);
+  ASSERT_TRUE(too_long->Write(cross_first(1024, 1024)));
+  v1::DecodeResponse response;
+  EXPECT_FALSE(too_long->Read(&response));
+  EXPECT_EQ(too_long->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+  // The budget still refuses what it cannot hold: 600 tokens do not fit in 512.
+  grpc::ClientContext over_context;
+  std::unique_ptr<Stream> over = Open(&over_context);
+  v1::DecodeRequest long_first = StepOf({LongPrompt(600).data()}, {0}, {600}, kWidth);
+  long_first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  EXPECT_EQ(Exchange(*over, long_first).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  over->WritesDone();
+  over->Finish();
+}
+
+// However long the fields before them (a request id of 5000 bytes), a request's sequence
+// parameters are read: it continues its sequence, not runs as a call of its own.
+TEST_F(DecodeServiceTest, ALongRequestIdDoesNotHideTheSequenceParameters) {
+  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  auto call = [&](inference::ModelInferRequest request, inference::ModelInferResponse* response) {
+    request.set_id(std::string(5000, 'x'));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return infer->ModelInfer(&context, request, response);
+  };
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(call(SequenceRequest(sequence_, 0, 10, 8, true, false), &response).ok());
+  EXPECT_EQ(Gauge("attnserve_sessions"), 1);
+  const grpc::Status next = call(SequenceRequest(sequence_, 10, 1, 8, false, true), &response);
+  ASSERT_TRUE(next.ok()) << next.error_message();
+  // The step's row is the 11th of the sequence, not the first of a call of its own.
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest first = Tokens(0, 11);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const std::vector<float> want = TensorValues(Exchange(*stream, first).output());
+  const std::vector<float> got = RawOutput(response);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kWidth));
+  for (int64_t i = 0; i < kWidth; ++i) ASSERT_NEAR(got[i], want[10 * kWidth + i], 1e-4f) << i;
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// Each model has its own sequence ids: sequence 7 of one model is not sequence 7 of another.
+TEST_F(DecodeServiceTest, EachModelHasItsOwnSequenceIds) {
+  ServerOptions options;
+  options.models = {ModelConfig{.name = "demo"}, ModelConfig{.name = "demo2"}};
+  Restart(options);
+  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  auto call = [&](inference::ModelInferRequest request, const std::string& model) {
+    request.set_model_name(model);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    inference::ModelInferResponse response;
+    return infer->ModelInfer(&context, request, &response);
+  };
+  ASSERT_TRUE(call(SequenceRequest(sequence_, 0, 4, 7, true, false), "demo").ok());
+  ASSERT_TRUE(call(SequenceRequest(sequence_, 0, 2, 7, true, false), "demo2").ok());
+  EXPECT_EQ(Gauge("attnserve_sessions"), 1);  // demo's, still open beside demo2's
+  EXPECT_TRUE(call(SequenceRequest(sequence_, 4, 1, 7, false, true), "demo").ok());
+  EXPECT_TRUE(call(SequenceRequest(sequence_, 2, 1, 7, false, true), "demo2").ok());
+  EXPECT_EQ(call(SequenceRequest(sequence_, 5, 1, 7, false, false), "demo").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(call(SequenceRequest(sequence_, 0, 1, 9, false, false), "no-such-model").error_code(),
+            grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(DecodeServiceTest, ASequenceIdleLongerThanTheTimeoutEnds) {

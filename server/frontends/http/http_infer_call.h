@@ -60,7 +60,7 @@ class HttpInferCall final : public Job {
   absl::Status Wait();
 
   // Decodes the body now if it may be a sequence step (its JSON names sequence_id, as
-  // MayBeSequence looks in a gRPC request): true when it is one, to be run as a step instead of
+  // HasSequenceId looks in a gRPC request): true when it is one, to be run as a step instead of
   // admitted. A body that does not decode is left to Decode to refuse.
   bool IsSequenceStep();
 

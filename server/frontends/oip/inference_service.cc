@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "server/frontends/oip/infer_call.h"
 #include "server/frontends/oip/infer_codec.h"
 #include "server/frontends/oip/sequence_call.h"
@@ -29,14 +31,42 @@ void AddTensor(
   tensor->mutable_shape()->Assign(shape.begin(), shape.end());
 }
 
-// Whether the request's bytes may carry a sequence_id parameter, looked for without parsing:
-// protobuf writes fields in number order, so the parameters (4) come before the tensors (5-7),
-// within the first slice of any request that has them. A false positive only costs a parse.
-bool MayBeSequence(const grpc::ByteBuffer& request) {
-  std::vector<grpc::Slice> slices;
-  if (!request.Dump(&slices).ok() || slices.empty()) return false;
-  const absl::string_view first(reinterpret_cast<const char*>(slices[0].begin()), slices[0].size());
-  return first.substr(0, 4096).find(kSequenceIdParameter) != absl::string_view::npos;
+// Whether the request has a sequence_id parameter, found without parsing it: its top-level
+// fields are walked (the tensors' bytes skipped in place, not copied) and each parameter's key
+// read, wherever the parameters lie and however long the fields before them.
+bool HasSequenceId(const grpc::ByteBuffer& request) {
+  using google::protobuf::internal::WireFormatLite;
+  constexpr int kParameters = 4;  // ModelInferRequest.parameters: map<string, InferParameter>
+  grpc::ByteBuffer bytes(request);
+  grpc::ProtoBufferReader reader(&bytes);
+  google::protobuf::io::CodedInputStream in(&reader);
+  while (const uint32_t tag = in.ReadTag()) {
+    if (tag != WireFormatLite::MakeTag(kParameters, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      if (!WireFormatLite::SkipField(&in, tag)) return false;
+      continue;
+    }
+    uint32_t length = 0;
+    if (!in.ReadVarint32(&length)) return false;
+    const auto limit = in.PushLimit(static_cast<int>(length));
+    // A map entry: its key is field 1.
+    while (const uint32_t entry_tag = in.ReadTag()) {
+      if (entry_tag != WireFormatLite::MakeTag(1, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+        if (!WireFormatLite::SkipField(&in, entry_tag)) return false;
+        continue;
+      }
+      uint32_t key_length = 0;
+      std::string key;
+      if (!in.ReadVarint32(&key_length)) return false;
+      if (key_length == sizeof(kSequenceIdParameter) - 1) {
+        if (!in.ReadString(&key, static_cast<int>(key_length))) return false;
+        if (key == kSequenceIdParameter) return true;
+      } else if (!in.Skip(static_cast<int>(key_length))) {
+        return false;
+      }
+    }
+    in.PopLimit(limit);
+  }
+  return false;
 }
 
 // A repository call answered later (on the registry's thread) through `reactor`.
@@ -160,7 +190,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
-  if (MayBeSequence(*request)) {
+  if (HasSequenceId(*request)) {
     auto parsed = std::make_unique<inference::ModelInferRequest>();
     grpc::ByteBuffer bytes(*request);
     grpc::ProtoBufferReader reader(&bytes);

@@ -33,6 +33,11 @@ absl::StatusOr<std::optional<SequenceParams>> ReadSequenceParams(
       params.id = absl::StrCat(it->second.uint64_param());
       break;
     case InferParameter::kInt64Param:
+      if (it->second.int64_param() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter 'sequence_id' must be a uint64 or a string, not ",
+                         it->second.int64_param()));
+      }
       params.id = absl::StrCat(it->second.int64_param());
       break;
     case InferParameter::kStringParam:

@@ -2,7 +2,10 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/frontends/oip/infer_codec.h"
+#include "server/serving/admission.h"
+#include "server/serving/model_registry.h"
 
 namespace attnserve::server {
 
@@ -13,7 +16,14 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const Sequence
     if (args.context) {
       return absl::InvalidArgumentError("a sequence's context comes with sequence_start only");
     }
-    return table_->Find(request.params.id);
+    // Each model has its own sequence ids; "" names the only model.
+    std::string model = request.model;
+    if (model.empty()) {
+      absl::StatusOr<ModelRegistry::Found> found = admission_->registry().Find(model);
+      if (!found.ok()) return found.status();
+      model = found->model->name;
+    }
+    return table_->Find(model, request.params.id);
   }
   if (!request.kind_given) {
     args.kind = args.context ? core::AttentionKind::kCausalCross : core::AttentionKind::kCausal;
@@ -24,16 +34,17 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const Sequence
       admission_->OpenSession(request.model, *version, args.kind, args.input.batch(),
                               args.context ? &*args.context : nullptr);
   if (!session_opened.ok()) return session_opened.status();
-  if (args.context) {
-    absl::Status valid = (*session_opened)->layer()->ValidateBatch(*args.context, true, "context");
-    if (!valid.ok()) return valid;
-  }
   *opened = true;
   return std::shared_ptr<Session>(*std::move(session_opened));
 }
 
 void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::Status)> done) {
   if (!admission_->accepting()) return done(absl::UnavailableError("the server is shutting down"));
+  if (request.params.id.size() > kMaxSequenceIdBytes + 2) {  // a string id is quoted
+    return done(
+        absl::InvalidArgumentError(absl::StrCat("a sequence_id of at most ", kMaxSequenceIdBytes,
+                                                " bytes, not ", request.params.id.size() - 2)));
+  }
   // A refused step changes nothing: a sequence it would start is registered only once its step
   // is taken.
   bool opened = false;
@@ -50,18 +61,18 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   if (!buffers.ok()) return done(buffers.status());
   StepArgs args = MakeStepArgs(input, buffers->output, shapes.output_width);
   const bool end = request.params.end;
-  const std::string id = request.params.id;
+  const std::string id = request.params.id, model = session_->version()->name;
   SequenceTable* table = table_;
   if (opened) table_->Start(id, session_);
   absl::Status refused =
-      session_->Step(std::move(args), [this, end, id, table, done](absl::Status status) {
+      session_->Step(std::move(args), [this, end, id, model, table, done](absl::Status status) {
         // The sequence ends once its last step is answered; its cache goes with it.
         session_.reset();
-        if (end) table->End(id);
+        if (end) table->End(model, id);
         done(status);
       });
   if (!refused.ok()) {
-    if (opened) table_->End(id);
+    if (opened) table_->End(model, id);
     done(refused);
   }
 }

@@ -6,6 +6,7 @@
 // step, with its kind and, for causal_cross, its context), `sequence_end` ends it after the
 // step. gRPC (ModelInfer, ModelStreamInfer) and REST decode their request, then hand it here.
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,9 @@
 namespace attnserve::server {
 
 inline constexpr char kSequenceIdParameter[] = "sequence_id";
+// The longest string sequence_id: the table keeps each id for its session's life, charged to no
+// budget.
+inline constexpr size_t kMaxSequenceIdBytes = 256;
 inline constexpr char kSequenceStartParameter[] = "sequence_start";
 inline constexpr char kSequenceEndParameter[] = "sequence_end";
 
