@@ -94,6 +94,7 @@ def generate(grpc, pb, stub, args, model, metadata):
     sent = []          # every input row the server has taken: the prefix a new stream replays
     generated = []
     replays = 0
+    broken_in_a_row = 0  # streams that broke with no step taken between them
     session = None
     pending = prompt   # rows to send next: the prompt, then one fed-back output at a time
     while len(generated) < args.steps:
@@ -109,13 +110,19 @@ def generate(grpc, pb, stub, args, model, metadata):
             response = session.step(grpc, message)
         except StreamBroken as e:
             replays += 1
-            if replays > args.max_replays:
-                raise RuntimeError(f"gave up after {args.max_replays} replays: {e}") from e
+            broken_in_a_row += 1
+            if broken_in_a_row > args.max_replays:
+                raise RuntimeError(f"gave up after {args.max_replays} replays in a row: {e}") from e
+            # A draining replica refuses new streams until it has gone, and a new one takes a
+            # moment to come up: wait 0.1 s, doubling to 1 s, before each new stream.
+            delay = min(0.1 * 2 ** (broken_in_a_row - 1), 1.0)
             print(f"stream broke after {sum(len(s) for s in sent)} tokens ({e}); replaying the "
-                  "prefix on a new stream", flush=True)
+                  f"prefix on a new stream in {delay:.1f} s", flush=True)
             session.close()
             session = None
+            time.sleep(delay)
             continue
+        broken_in_a_row = 0
         output = from_tensor(response.output)[0]  # [n, d]: the rows this message appended
         if len(replay) != len(pending):
             print(f"replayed {len(replay) - len(pending)} tokens on a new stream; position "
@@ -143,7 +150,9 @@ def main():
     parser.add_argument("--seed", type=int, default=0, help="of the random prompt")
     parser.add_argument("--step-delay", type=float, default=0,
                         help="seconds between steps (the time a real decoder spends per token)")
-    parser.add_argument("--max-replays", type=int, default=5)
+    parser.add_argument("--max-replays", type=int, default=5,
+                        help="new streams to try in a row, 0.1 s apart doubling to 1 s, before "
+                        "giving up")
     parser.add_argument("--output", help="save the generated rows [steps, d_model] to this .npy")
     parser.add_argument("--stubs", default=os.environ.get(
         "ATTNSERVE_PY_STUBS", os.path.join(here, "..", "..", "build", "python")))

@@ -2,8 +2,9 @@
 """ctest driver: client/python/decode_example.py against real attnserve servers.
 
 1. An unbroken generation (prompt 16, 60 steps, each output fed back) is the reference.
-2. The server dies mid-generation (SIGKILL) and another starts on the same address: the example
-   replays its prefix on a new stream and its outputs equal the reference within 1e-5.
+2. The server is drained mid-generation (SIGTERM: it ends its streams, refuses new ones while it
+   goes) and another starts on the same address once it has gone: the example waits, replays its
+   prefix on a new stream, and its outputs equal the reference within 1e-5.
 3. Two replicas behind a static list and round robin: the one holding the session dies and the
    example goes on on the other, again equal to the reference.
 4. Over TLS with a bearer token from ATTNSERVE_TOKEN: the same outputs; without it, refused.
@@ -109,14 +110,15 @@ def main():
             # Each step's output is a new row: a replay that lost or repeated a token shows.
             assert np.abs(np.diff(reference, axis=0)).max(axis=1).min() > 1e-4
 
-            # 2. The server dies mid-generation; another starts on the same address.
+            # 2. The server is drained mid-generation; another starts on the same address.
+            # Up to 10 new streams, 0.1 s apart doubling to 1 s: time for a loaded machine to
+            # drain the server and start the next.
             proc, out = example(args, workdir, "restart", f"127.0.0.1:{port}",
-                                ["--step-delay", STEP_DELAY])
+                                ["--step-delay", STEP_DELAY, "--max-replays", "10"])
             wait_for_steps(proc, 0.6)
-            stop(first, signal.SIGKILL)
-            time.sleep(0.2)
+            stop(first, signal.SIGTERM)
             first = start_server(args.server, workdir, port, "second")
-            finish(proc, out, reference, "restart on the same address")
+            finish(proc, out, reference, "drained, and another on the same address")
         finally:
             stop(first)
 
