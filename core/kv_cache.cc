@@ -51,18 +51,25 @@ int64_t KvSequence::head_bytes() const {
   return 2 * kKvBlockTokens * head_dim_ * 4;
 }
 
+absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the KV cache is full: ", budget.used(), " of ", budget.limit(),
+      " bytes are held by sessions (--kv-cache-mib); this step needs ", more, " more"));
+}
+
+int64_t KvSequence::BytesToReserve(int64_t length) const {
+  const int64_t needed = (length + kKvBlockTokens - 1) / kKvBlockTokens;
+  return std::max<int64_t>(needed - static_cast<int64_t>(blocks_.size()), 0) * block_bytes();
+}
+
 absl::Status KvSequence::Reserve(int64_t length) {
   if (length < 0) {
     return absl::InvalidArgumentError(absl::StrCat("a sequence of ", length, " tokens"));
   }
+  const int64_t more = BytesToReserve(length);
+  if (more == 0) return absl::OkStatus();
   const size_t needed = static_cast<size_t>((length + kKvBlockTokens - 1) / kKvBlockTokens);
-  if (needed <= blocks_.size()) return absl::OkStatus();
-  const int64_t more = static_cast<int64_t>(needed - blocks_.size()) * block_bytes();
-  if (!budget_->TryCharge(more)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the KV cache is full: ", budget_->used(), " of ", budget_->limit(),
-        " bytes are held by sessions (--kv-cache-mib); this step needs ", more, " more"));
-  }
+  if (!budget_->TryCharge(more)) return KvCacheFull(*budget_, more);
   const size_t before = blocks_.size();
   try {
     blocks_.reserve(needed);  // so that no block is allocated and then lost to a vector's growth

@@ -36,6 +36,9 @@ class KvCacheBudget {
   std::atomic<int64_t> used_{0};
 };
 
+// The refusal of `more` bytes the budget cannot take, saying what sessions hold and the limit.
+absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more);
+
 // How a cache stores its rows: float32, or bfloat16 (half the bytes a step reads).
 enum class KvPrecision { kF32, kBF16 };
 
@@ -63,6 +66,8 @@ class KvSequence {
   // Makes room for `length` tokens, allocating blocks; ResourceExhausted naming the budget
   // when they do not fit, and then nothing changes.
   absl::Status Reserve(int64_t length);
+  // The bytes Reserve(length) would take (0 when the room is there); length >= 0.
+  int64_t BytesToReserve(int64_t length) const;
 
   // Stores the key and value rows of the token at `position` (< the reserved room), and makes
   // the length at least position + 1.

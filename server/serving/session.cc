@@ -119,15 +119,18 @@ Session::~Session() {
 
 absl::Status Session::ReserveAll(const std::vector<int64_t>& lengths) {
   if (kind_ != core::AttentionKind::kCausal) return absl::OkStatus();
-  std::vector<int64_t> before(caches_.size());
-  for (size_t b = 0; b < caches_.size(); ++b) before[b] = caches_[b]->blocks();
+  int64_t more = 0;  // what the whole step takes, for the refusal to say
+  for (size_t b = 0; b < caches_.size(); ++b) more += caches_[b]->BytesToReserve(lengths[b]);
   for (size_t b = 0; b < caches_.size(); ++b) {
     absl::Status s = caches_[b]->Reserve(lengths[b]);
     if (s.ok()) continue;
     // Nothing kept: the blocks this step took go back (Shrink keeps what the length needs).
     for (size_t k = 0; k <= b; ++k) caches_[k]->Shrink();
     if (metrics_ != nullptr) metrics_->SessionRefused(SessionRefusal::kKvCache);
-    return s;
+    // Said of the whole step and of what sessions held before it, not of the sequence that
+    // found the budget spent by the step's own earlier ones (unless memory itself ran out).
+    const core::KvCacheBudget& budget = manager_->budget();
+    return budget.used() + more > budget.limit() ? core::KvCacheFull(budget, more) : s;
   }
   return absl::OkStatus();
 }

@@ -546,8 +546,23 @@ TEST_F(DecodeServiceTest, ARefusedContextOpensNothingAndLeavesTheBudgetWhole) {
   v1::DecodeRequest long_first = StepOf({LongPrompt(600).data()}, {0}, {600}, kWidth);
   long_first.set_kind(v1::ATTENTION_KIND_CAUSAL);
   EXPECT_EQ(Exchange(*over, long_first).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  over->WritesDone();
-  over->Finish();
+  // Two sequences of 300 tokens: the refusal speaks of the whole step (2 x 19 blocks of
+  // 16 x 256 keys and values, f32) and of what sessions held before it (nothing).
+  grpc::ClientContext two_context;
+  std::unique_ptr<Stream> two_stream = Open(&two_context);
+  const std::vector<float> rows = LongPrompt(300);
+  v1::DecodeRequest two = StepOf({rows.data(), rows.data()}, {0, 0}, {300, 300}, kWidth);
+  two.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const v1::DecodeResponse refused = Exchange(*two_stream, two);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("0 of 1048576 bytes are held"), std::string::npos)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("needs 1245184 more"), std::string::npos)
+      << refused.error_message();
+  for (Stream* stream : {over.get(), two_stream.get()}) {
+    stream->WritesDone();
+    stream->Finish();
+  }
 }
 
 // However long the fields before them (a request id of 5000 bytes), a request's sequence
