@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
     if (open >= options_.max_sessions) {
       if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kMaxSessions);
       return absl::ResourceExhaustedError(absl::StrCat(
-          open, " sessions are open, the limit (--max-sessions); end one or go elsewhere"));
+          "all ", open, " sessions --max-sessions allows are open; end one or go elsewhere"));
     }
   } while (!open_.compare_exchange_weak(open, open + 1));
   std::unique_ptr<Session> session(new Session(this, std::move(version), kind, queue, metrics));
