@@ -47,9 +47,9 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& 
   std::lock_guard lock(mu_);
   auto it = entries_.find(Key(model, id));
   if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("sequence ", Clipped(id), " of model '", model,
-                                            "' has no session: never started, ended, or idle "
-                                            "past --session-idle-timeout; send sequence_start"));
+    return absl::NotFoundError(absl::StrCat("sequence ", Clipped(id), " of model '", Clipped(model),
+                                            "' has no session: never started, ended, or idle past "
+                                            "--session-idle-timeout; send sequence_start"));
   }
   it->second.last_used = Clock::now();
   return it->second.session;
