@@ -8,7 +8,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -141,18 +140,6 @@ void OnThreads(int threads, const std::function<void()>& fn) {
   omp_set_num_threads(threads);
   fn();
   omp_set_num_threads(saved);
-}
-
-double MsOf(const std::function<void()>& fn) {
-  const auto start = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // --overlap: how much a step could gain if its projections (compute-bound) ran beside its

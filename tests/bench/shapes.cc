@@ -141,23 +141,26 @@ core::LayerWeights RandomWeights(const Shape& shape) {
   return w;
 }
 
+double MsOf(const std::function<void()>& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 std::vector<double> AlternatingMedianMs(const std::vector<std::function<void()>>& fns, int reps) {
   for (const auto& fn : fns) fn();
   std::vector<std::vector<double>> ms(fns.size());
   for (int r = 0; r < reps; ++r) {
-    for (size_t i = 0; i < fns.size(); ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      fns[i]();
-      const std::chrono::duration<double, std::milli> took =
-          std::chrono::steady_clock::now() - start;
-      ms[i].push_back(took.count());
-    }
+    for (size_t i = 0; i < fns.size(); ++i) ms[i].push_back(MsOf(fns[i]));
   }
   std::vector<double> medians;
-  for (std::vector<double>& m : ms) {
-    std::sort(m.begin(), m.end());
-    medians.push_back(m[m.size() / 2]);
-  }
+  for (const std::vector<double>& m : ms) medians.push_back(Median(m));
   return medians;
 }
 

@@ -54,6 +54,11 @@ std::vector<float> RandomValues(int64_t count, uint64_t seed);
 // A fused-layout layer with biases and output projection for `shape`, weights ~ 1/sqrt(fan_in).
 core::LayerWeights RandomWeights(const Shape& shape);
 
+// Milliseconds `fn` took.
+double MsOf(const std::function<void()>& fn);
+// The middle value (the upper of the two middle ones for an even count); `v` not empty.
+double Median(std::vector<double> v);
+
 // Medians (ms) of `reps` timed rounds, each round calling every fn once in turn, after one
 // untimed warm-up round (JIT, first touch). Alternating the calls makes a load change on the
 // shared machine hit all of them alike, so their ratios hold even when absolute times do not.
