@@ -2,7 +2,8 @@
 
 // What the frontends' raw methods (attnserve.v1 Forward, the Open Inference Protocol's
 // ModelInfer) share: the call's bytes, arena, reply and reactor (RawCall), the caller's
-// deadline, and reading the few fields admission needs before the call is parsed.
+// deadline, and reading the few fields admission needs before the call is parsed; and how the
+// raw streams (Decode, ModelStreamInfer) parse and serialize their messages.
 
 #include <initializer_list>
 #include <string>
@@ -34,6 +35,26 @@ bool ScanStringFields(grpc::ByteBuffer* bytes,
 // INVALID_ARGUMENT for a body that is not a `type_name` message (a full protobuf name): every
 // raw method's one answer to it.
 absl::Status MalformedBody(absl::string_view type_name);
+
+// Parses a raw stream's message `bytes` into `message`, releasing the bytes: MalformedBody when
+// they are not a `Message`. A typed stream cannot tell that apart from the client's end (gRPC
+// reports both as a failed read), so the streams read raw and answer a bad message in the stream.
+template <typename Message>
+absl::Status ParseStreamMessage(grpc::ByteBuffer* bytes, Message* message) {
+  grpc::ProtoBufferReader reader(bytes);
+  const bool parsed = message->ParseFromZeroCopyStream(&reader);
+  bytes->Clear();
+  return parsed ? absl::OkStatus() : MalformedBody(Message::descriptor()->full_name());
+}
+
+// Serializes `message` into `bytes` (replacing the last message written) for a raw stream's
+// write.
+template <typename Message>
+grpc::Status SerializeStreamMessage(const Message& message, grpc::ByteBuffer* bytes) {
+  bytes->Clear();
+  bool own_buffer = false;
+  return grpc::SerializationTraits<Message>::Serialize(message, bytes, &own_buffer);
+}
 
 // A unary method answered at once on gRPC's thread (metadata, liveness, readiness), served raw
 // so that a body that is not a `Request` gets MalformedBody; gRPC's typed handlers answer it

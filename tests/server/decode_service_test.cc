@@ -503,6 +503,71 @@ TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheS
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
+// Bytes that are not a message of the stream's method, first and between steps: each is answered
+// in the stream with INVALID_ARGUMENT saying so, the session goes on unchanged, and the stream
+// ends OK when the client closes it (gRPC's typed streams report a message that does not parse
+// as the client's end, which ended the stream OK and dropped the messages after it).
+TEST_F(DecodeServiceTest, AMessageThatDoesNotParseIsAnsweredInTheStreamAndChangesNothing) {
+  const std::vector<std::string> garbage = {"\xff\xff\xff\xff not a protobuf at all",
+                                            "\x0a\x7f"
+                                            "abc"};
+  std::shared_ptr<grpc::Channel> channel = Connect(server_->port());
+  {
+    RawStream stream(channel.get(), "/attnserve.v1.AttentionService/Decode");
+    std::string reply;
+    v1::DecodeResponse response;
+    ASSERT_TRUE(stream.Exchange(garbage[0], &reply));
+    ASSERT_TRUE(response.ParseFromString(reply));
+    EXPECT_EQ(response.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(response.error_message().find("not a valid attnserve.v1.DecodeRequest"),
+              std::string::npos)
+        << response.error_message();
+    EXPECT_EQ(response.positions_size(), 0);
+    v1::DecodeRequest first = Tokens(0, 4);
+    first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    ASSERT_TRUE(stream.Exchange(first.SerializeAsString(), &reply));
+    ASSERT_TRUE(response.ParseFromString(reply));
+    ASSERT_EQ(response.error_code(), 0) << response.error_message();
+    for (const std::string& bytes : garbage) {
+      ASSERT_TRUE(stream.Exchange(bytes, &reply));
+      ASSERT_TRUE(response.ParseFromString(reply));
+      EXPECT_EQ(response.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      ASSERT_EQ(response.positions_size(), 1);
+      EXPECT_EQ(response.positions(0), 4);
+    }
+    ASSERT_TRUE(stream.Exchange(Tokens(4, 1).SerializeAsString(), &reply));
+    ASSERT_TRUE(response.ParseFromString(reply));
+    EXPECT_EQ(response.error_code(), 0) << response.error_message();
+    EXPECT_EQ(response.positions(0), 5);
+    EXPECT_TRUE(stream.Finish().ok());
+  }
+  {
+    RawStream stream(channel.get(), "/inference.GRPCInferenceService/ModelStreamInfer");
+    std::string reply;
+    inference::ModelStreamInferResponse response;
+    ASSERT_TRUE(stream.Exchange(
+        SequenceRequest(sequence_, 0, 3, 5, true, false).SerializeAsString(), &reply));
+    ASSERT_TRUE(response.ParseFromString(reply));
+    EXPECT_EQ(response.error_message(), "");
+    for (const std::string& bytes : garbage) {
+      ASSERT_TRUE(stream.Exchange(bytes, &reply));
+      ASSERT_TRUE(response.ParseFromString(reply));
+      EXPECT_NE(
+          response.error_message().find(
+              "INVALID_ARGUMENT: the request body is not a valid inference.ModelInferRequest"),
+          std::string::npos)
+          << response.error_message();
+    }
+    ASSERT_TRUE(stream.Exchange(
+        SequenceRequest(sequence_, 3, 1, 5, false, true).SerializeAsString(), &reply));
+    ASSERT_TRUE(response.ParseFromString(reply));
+    EXPECT_EQ(response.error_message(), "");
+    EXPECT_EQ(RawOutput(response.infer_response()).size(), static_cast<size_t>(kWidth));
+    EXPECT_TRUE(stream.Finish().ok());
+  }
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
 // A causal cross first message whose context is refused, for a negative length or for more than
 // the cache budget holds, opens nothing: it is answered, counts no session, charges no cache, and
 // the budget still holds after it.
@@ -596,7 +661,9 @@ TEST_F(DecodeServiceTest, ALongRequestIdDoesNotHideTheSequenceParameters) {
 // Each model has its own sequence ids: sequence 7 of one model is not sequence 7 of another.
 TEST_F(DecodeServiceTest, EachModelHasItsOwnSequenceIds) {
   ServerOptions options;
-  options.models = {ModelConfig{.name = "demo"}, ModelConfig{.name = "demo2"}};
+  options.models.resize(2);
+  options.models[0].name = "demo";
+  options.models[1].name = "demo2";
   Restart(options);
   auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
   auto call = [&](inference::ModelInferRequest request, const std::string& model) {

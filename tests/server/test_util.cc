@@ -330,6 +330,52 @@ grpc::Status CallRaw(grpc::Channel* channel, const std::string& method, const st
   return status;
 }
 
+RawStream::RawStream(grpc::Channel* channel, const std::string& method) {
+  context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::GenericStub stub(channel->shared_from_this());
+  stream_ = stub.PrepareCall(&context_, method, &cq_);
+  stream_->StartCall(reinterpret_cast<void*>(1));
+  Await(1);
+}
+
+RawStream::~RawStream() {
+  if (!finished_) {
+    context_.TryCancel();
+    Finish();
+  }
+  cq_.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_.Next(&tag, &ok)) {
+  }
+}
+
+bool RawStream::Await(int tag) {
+  void* got = nullptr;
+  bool ok = false;
+  return cq_.Next(&got, &ok) && got == reinterpret_cast<void*>(tag) && ok;
+}
+
+bool RawStream::Exchange(const std::string& bytes, std::string* reply) {
+  stream_->Write(ToBuffer(bytes), reinterpret_cast<void*>(2));
+  if (!Await(2)) return false;
+  grpc::ByteBuffer response;
+  stream_->Read(&response, reinterpret_cast<void*>(3));
+  if (!Await(3)) return false;
+  *reply = ToString(response);
+  return true;
+}
+
+grpc::Status RawStream::Finish() {
+  finished_ = true;
+  stream_->WritesDone(reinterpret_cast<void*>(4));
+  Await(4);
+  grpc::Status status;
+  stream_->Finish(&status, reinterpret_cast<void*>(5));
+  Await(5);
+  return status;
+}
+
 absl::StatusOr<std::vector<std::string>> ReflectionServices(grpc::Channel* channel) {
   grpc::GenericStub stub(channel->shared_from_this());
   grpc::ClientContext context;

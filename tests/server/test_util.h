@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "server/options.h"
 #include "server/server.h"
 #include "tests/common/golden.h"
@@ -79,6 +80,29 @@ absl::StatusOr<int> HealthCheck(grpc::Channel* channel, const std::string& servi
 // are: what a broken or hostile client can send. The reply's bytes go to `reply`.
 grpc::Status CallRaw(grpc::Channel* channel, const std::string& method, const std::string& bytes,
                      std::string* reply);
+
+// A bidirectional stream of `method` whose messages are whatever bytes the test sends: what a
+// broken or hostile client can send on a stream.
+class RawStream {
+ public:
+  RawStream(grpc::Channel* channel, const std::string& method);
+  ~RawStream();
+
+  // Sends `bytes`, then waits for the next reply: false when the stream ended instead.
+  bool Exchange(const std::string& bytes, std::string* reply);
+
+  // Closes the client's side and returns the stream's status.
+  grpc::Status Finish();
+
+ private:
+  // Waits for the operation tagged `tag`: whether it succeeded.
+  bool Await(int tag);
+
+  grpc::ClientContext context_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream_;
+  bool finished_ = false;
+};
 
 // The services server reflection lists.
 absl::StatusOr<std::vector<std::string>> ReflectionServices(grpc::Channel* channel);

@@ -209,8 +209,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
   return AdmitRawCall<InferCall>(admission_, context, request, response);
 }
 
-grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-InferenceService::ModelStreamInfer(grpc::CallbackServerContext* /*context*/) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* InferenceService::ModelStreamInfer(
+    grpc::CallbackServerContext* /*context*/) {
   return new StreamInferCall(admission_, sequences_);
 }
 

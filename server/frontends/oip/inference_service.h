@@ -21,7 +21,7 @@ class InferenceService final
                   inference::GRPCInferenceService::WithRawCallbackMethod_ServerMetadata<
                       inference::GRPCInferenceService::WithRawCallbackMethod_ModelMetadata<
                           inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
-                              inference::GRPCInferenceService::WithCallbackMethod_ModelStreamInfer<
+                              inference::GRPCInferenceService::WithRawCallbackMethod_ModelStreamInfer<
                                   inference::GRPCInferenceService::
                                       WithRawCallbackMethod_RepositoryIndex<
                                           inference::GRPCInferenceService::
@@ -54,8 +54,8 @@ class InferenceService final
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
-  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-  ModelStreamInfer(grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
                                             const grpc::ByteBuffer* request,
                                             grpc::ByteBuffer* response) override;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "server/frontends/grpc_status.h"
+#include "server/frontends/raw_call.h"
 
 namespace attnserve::server {
 namespace {
@@ -77,7 +78,7 @@ void ProtoSequenceStep::Run(std::function<void(absl::Status)> done) {
 StreamInferCall::StreamInferCall(Admission* admission, SequenceTable* table)
     : admission_(admission), table_(table) {
   { std::lock_guard lock(mu_); }  // the members' construction, before any reaction
-  StartRead(&request_);
+  StartRead(&request_bytes_);
 }
 
 void StreamInferCall::OnReadDone(bool ok) {
@@ -88,6 +89,10 @@ void StreamInferCall::OnReadDone(bool ok) {
   {
     std::lock_guard lock(mu_);
     response_.Clear();
+  }
+  if (absl::Status s = ParseStreamMessage(&request_bytes_, &request_); !s.ok()) {
+    Answer(s);
+    return;
   }
   absl::StatusOr<std::optional<SequenceParams>> params = ReadSequenceParams(request_);
   if (params.ok() && !params->has_value()) {
@@ -109,6 +114,7 @@ void StreamInferCall::OnReadDone(bool ok) {
 }
 
 void StreamInferCall::Answer(const absl::Status& status) {
+  grpc::Status serialized;
   {
     std::lock_guard lock(mu_);  // the step's answer (any thread) before the next read's Clear
     if (!status.ok()) {
@@ -116,8 +122,13 @@ void StreamInferCall::Answer(const absl::Status& status) {
       response_.set_error_message(
           absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
     }
+    serialized = SerializeStreamMessage(response_, &response_bytes_);
   }
-  StartWrite(&response_);
+  if (!serialized.ok()) {
+    Finish(serialized);
+    return;
+  }
+  StartWrite(&response_bytes_);
 }
 
 void StreamInferCall::OnWriteDone(bool ok) {
@@ -129,7 +140,7 @@ void StreamInferCall::OnWriteDone(bool ok) {
     Finish(grpc::Status::OK);
     return;
   }
-  StartRead(&request_);
+  StartRead(&request_bytes_);
 }
 
 void StreamInferCall::OnDone() {

@@ -44,10 +44,10 @@ class ProtoSequenceStep {
   SequenceStep step_;
 };
 
-// Triton's ModelStreamInfer: one stream of sequence steps, answered in order, each failure as
-// the response's error_message with the stream open.
-class StreamInferCall final : public grpc::ServerBidiReactor<inference::ModelInferRequest,
-                                                             inference::ModelStreamInferResponse> {
+// Triton's ModelStreamInfer: one stream of sequence steps, answered in order, each failure (a
+// message that is not a ModelInferRequest too) as the response's error_message with the stream
+// open.
+class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamInferCall(Admission* admission, SequenceTable* table);
 
@@ -60,6 +60,8 @@ class StreamInferCall final : public grpc::ServerBidiReactor<inference::ModelInf
 
   Admission* const admission_;
   SequenceTable* const table_;
+  grpc::ByteBuffer request_bytes_;
+  grpc::ByteBuffer response_bytes_;
   inference::ModelInferRequest request_;
   inference::ModelStreamInferResponse response_;
   // gRPC orders the reactions (the constructor, each read and write, OnDone) inside itself, out

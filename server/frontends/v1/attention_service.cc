@@ -30,7 +30,7 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerConte
       });
 }
 
-grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* AttentionService::Decode(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::Decode(
     grpc::CallbackServerContext* /*context*/) {
   return new DecodeCall(admission_);
 }

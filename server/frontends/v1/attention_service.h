@@ -8,12 +8,12 @@ namespace attnserve::server {
 // attnserve.v1.AttentionService on gRPC's callback API, every method raw (we parse the bytes, so
 // a body that is not the method's message gets INVALID_ARGUMENT with a message). Forward's bytes
 // go to a ForwardCall, which admission decodes only once the call may be served; ListModels is
-// answered at once; each Decode stream is a DecodeCall (typed: its messages are small). Nothing
-// here decides anything: the methods convert and delegate.
+// answered at once; each Decode stream is a DecodeCall, which answers a message that is not a
+// DecodeRequest in the stream. Nothing here decides anything: the methods convert and delegate.
 class AttentionService final
     : public v1::AttentionService::WithRawCallbackMethod_Forward<
           v1::AttentionService::WithRawCallbackMethod_ListModels<
-              v1::AttentionService::WithCallbackMethod_Decode<v1::AttentionService::Service>>> {
+              v1::AttentionService::WithRawCallbackMethod_Decode<v1::AttentionService::Service>>> {
  public:
   // `admission` outlives the service.
   explicit AttentionService(Admission* admission) : admission_(admission) {}
@@ -26,7 +26,7 @@ class AttentionService final
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
 
-  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* Decode(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Decode(
       grpc::CallbackServerContext* context) override;
 
  private:

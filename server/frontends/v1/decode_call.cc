@@ -4,17 +4,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/frontends/grpc_status.h"
+#include "server/frontends/raw_call.h"
 #include "server/frontends/tensor_codec.h"
 #include "server/frontends/v1/forward_codec.h"
 
 namespace attnserve::server {
 
-DecodeCall::DecodeCall(Admission* admission) : admission_(admission) { StartRead(&request_); }
+DecodeCall::DecodeCall(Admission* admission) : admission_(admission) { StartRead(&request_bytes_); }
 
 void DecodeCall::OnReadDone(bool ok) {
   if (!ok) {
     // The client closed its side (the session's normal end) or the stream broke.
     End(grpc::Status::OK);
+    return;
+  }
+  if (absl::Status s = ParseStreamMessage(&request_bytes_, &request_); !s.ok()) {
+    response_.Clear();
+    Answer(s);
     return;
   }
   Take();
@@ -159,7 +165,11 @@ void DecodeCall::Answer(const absl::Status& status) {
   if (session_ != nullptr) {
     for (int64_t position : session_->positions()) response_.add_positions(position);
   }
-  StartWrite(&response_);
+  if (grpc::Status s = SerializeStreamMessage(response_, &response_bytes_); !s.ok()) {
+    End(s);
+    return;
+  }
+  StartWrite(&response_bytes_);
 }
 
 void DecodeCall::OnWriteDone(bool ok) {
@@ -167,7 +177,7 @@ void DecodeCall::OnWriteDone(bool ok) {
     End(grpc::Status::OK);
     return;
   }
-  StartRead(&request_);
+  StartRead(&request_bytes_);
 }
 
 void DecodeCall::OnCancel() {

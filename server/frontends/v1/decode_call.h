@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "server/serving/admission.h"
 #include "server/serving/session.h"
@@ -13,9 +14,10 @@ namespace attnserve::server {
 
 // One attnserve.v1 Decode stream: one session. Each message is converted into a step of the
 // session (the first opens it through admission) and answered in the stream when the step has
-// run; a refused message is answered with its error_code and changes nothing. The session, and
-// its cache, ends with the stream: the client's end, a cancel, a deadline, a broken connection.
-class DecodeCall final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+// run; a refused message (a message that is not a DecodeRequest too) is answered with its
+// error_code and changes nothing. The session, and its cache, ends with the stream: the client's
+// end, a cancel, a deadline, a broken connection.
+class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `admission` outlives the call. Starts reading.
   explicit DecodeCall(Admission* admission);
@@ -43,6 +45,8 @@ class DecodeCall final : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::D
   void End(const grpc::Status& status);
 
   Admission* const admission_;
+  grpc::ByteBuffer request_bytes_;
+  grpc::ByteBuffer response_bytes_;
   v1::DecodeRequest request_;
   v1::DecodeResponse response_;
   // Shared only so that OnCancel can take a queued step back while the session may end.
