@@ -51,10 +51,10 @@ int64_t KvSequence::head_bytes() const {
   return 2 * kKvBlockTokens * head_dim_ * 4;
 }
 
-absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more) {
+absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more, absl::string_view what) {
   return absl::ResourceExhaustedError(absl::StrCat(
       "the KV cache is full: ", budget.used(), " of ", budget.limit(),
-      " bytes are held by sessions (--kv-cache-mib); this step needs ", more, " more"));
+      " bytes are held by sessions (--kv-cache-mib); ", what, " needs ", more, " more"));
 }
 
 int64_t KvSequence::BytesToReserve(int64_t length) const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace attnserve::core {
 
@@ -36,8 +37,10 @@ class KvCacheBudget {
   std::atomic<int64_t> used_{0};
 };
 
-// The refusal of `more` bytes the budget cannot take, saying what sessions hold and the limit.
-absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more);
+// The refusal of `more` bytes the budget cannot take for `what` ("this step"), saying what
+// sessions hold and the limit.
+absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more,
+                         absl::string_view what = "this step");
 
 // How a cache stores its rows: float32, or bfloat16 (half the bytes a step reads).
 enum class KvPrecision { kF32, kBF16 };

@@ -72,6 +72,23 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
   const core::KvPrecision precision = options_.precision.value_or(
       layer->precision() == core::Precision::kBF16 ? core::KvPrecision::kBF16
                                                    : core::KvPrecision::kF32);
+  // Each sequence's bookkeeping beside its blocks (its caches' objects, its position, a causal
+  // cross sequence's pending context) is charged with them, so the budget bounds a session of
+  // many empty sequences too: 65,536 of them come in a message of a few KiB.
+  const int64_t per_sequence =
+      sizeof(core::KvSequence) + sizeof(std::unique_ptr<core::KvSequence>) + sizeof(int64_t) +
+      (context != nullptr ? sizeof(core::KvSequence) + sizeof(std::unique_ptr<core::KvSequence>) +
+                                sizeof(std::vector<float>)
+                          : 0);
+  const int64_t bookkeeping = batch * per_sequence;
+  if (!budget_.TryCharge(bookkeeping)) {
+    if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kKvCache);
+    return core::KvCacheFull(budget_, bookkeeping,
+                             absl::StrCat("the bookkeeping of this session's ", batch,
+                                          batch == 1 ? " sequence" : " sequences"));
+  }
+  session->bookkeeping_bytes_ = bookkeeping;
+  queue->kv_bytes().fetch_add(bookkeeping);
   const int64_t width = layer->spec().inner(), head_dim = layer->spec().head_dim;
   session->positions_.assign(batch, 0);
   for (int64_t b = 0; b < batch; ++b) {
@@ -110,6 +127,8 @@ Session::~Session() {
   queue_->sessions().fetch_sub(1);
   caches_.clear();
   contexts_.clear();
+  manager_->budget_.Release(bookkeeping_bytes_);
+  queue_->kv_bytes().fetch_sub(bookkeeping_bytes_);
   manager_->open_.fetch_sub(1);
   if (metrics_ != nullptr) {
     metrics_->SessionClosed();

@@ -103,6 +103,8 @@ class Session {
   DecodeQueue* const queue_;
   ModelMetrics* const metrics_;
   std::vector<int64_t> positions_;
+  // Charged to the budget (and the model's cache bytes) for its sequences' bookkeeping.
+  int64_t bookkeeping_bytes_ = 0;
   std::vector<std::unique_ptr<core::KvSequence>> caches_;    // kCausal: keys, values so far
   std::vector<std::unique_ptr<core::KvSequence>> contexts_;  // kCausalCross: the context's
   // kCausalCross until its first run: the context rows, projected there.

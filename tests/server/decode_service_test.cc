@@ -620,14 +620,60 @@ TEST_F(DecodeServiceTest, ARefusedContextOpensNothingAndLeavesTheBudgetWhole) {
   two.set_kind(v1::ATTENTION_KIND_CAUSAL);
   const v1::DecodeResponse refused = Exchange(*two_stream, two);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_NE(refused.error_message().find("0 of 1048576 bytes are held"), std::string::npos)
-      << refused.error_message();
+  // Held: only the two sequences' bookkeeping (about a hundred bytes each), none of the step's
+  // blocks.
+  const std::string& message = refused.error_message();
+  const size_t held_at = message.find("full: ") + 6;
+  ASSERT_NE(message.find(" of 1048576 bytes are held"), std::string::npos) << message;
+  EXPECT_LT(std::stoll(message.substr(held_at)), 1024) << message;
   EXPECT_NE(refused.error_message().find("needs 1245184 more"), std::string::npos)
       << refused.error_message();
   for (Stream* stream : {over.get(), two_stream.get()}) {
     stream->WritesDone();
     stream->Finish();
   }
+}
+
+// A session of many empty sequences (one token in all, 65 KiB on the wire) is charged for each
+// sequence's bookkeeping: past the budget it is refused, saying so, and the bytes come back when
+// it ends.
+TEST_F(DecodeServiceTest, ManyEmptySequencesAreChargedToTheBudget) {
+  ServerOptions options;
+  options.kv_cache_mib = 1;
+  Restart(options);
+  auto empty_first = [](int sequences) {  // packed: one token, then empty sequences
+    v1::DecodeRequest first;
+    first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    *first.mutable_input() =
+        MakeTensor({1, kWidth}, std::vector<float>(kWidth, 0.5f), /*raw=*/true);  // packed
+    first.add_lengths(1);
+    for (int b = 1; b < sequences; ++b) first.add_lengths(0);
+    return first;
+  };
+  grpc::ClientContext huge_context;
+  std::unique_ptr<Stream> huge = Open(&huge_context);
+  ASSERT_TRUE(huge->Write(empty_first(65536)));
+  v1::DecodeResponse response;
+  EXPECT_FALSE(huge->Read(&response));
+  const grpc::Status refused = huge->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("the bookkeeping of this session's 65536 sequences"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  const v1::DecodeResponse opened = Exchange(*stream, empty_first(1000));
+  ASSERT_EQ(opened.error_code(), 0) << opened.error_message();
+  EXPECT_EQ(opened.positions_size(), 1000);
+  const double held = Gauge("attnserve_kv_cache_bytes");
+  EXPECT_GE(held, 1000 * 64);
+  EXPECT_LE(held, 1000 * 512);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
 }
 
 // However long the fields before them (a request id of 5000 bytes), a request's sequence
