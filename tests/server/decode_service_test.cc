@@ -166,6 +166,12 @@ class DecodeServiceTest : public ::testing::Test {
   // The test's own server (metrics on a free port), and a stub for it.
   void Restart(ServerOptions options) {
     options.metrics_listen = "127.0.0.1:0";
+    // The old server goes first, and with it gRPC's callback threads (no other server holds
+    // them): the new server's are then made after its services, so that a thread sanitizer sees
+    // the services built before gRPC's threads call them. A thread left over from the old server
+    // learns of the new one inside libgrpc, out of its sight, and each first call looked like a
+    // race with the service's construction.
+    server_.reset();
     server_ = StartServer(options);
     ASSERT_NE(server_, nullptr);
     stub_ = v1::AttentionService::NewStub(Connect(server_->port()));

@@ -135,6 +135,7 @@ void StreamInferCall::OnWriteDone(bool ok) {
   {
     std::lock_guard lock(mu_);
     step_.reset();
+    response_bytes_.Clear();  // sent: a stream waiting for its next message holds no copy of it
   }
   if (!ok) {
     Finish(grpc::Status::OK);

@@ -10,9 +10,13 @@
 
 namespace attnserve::server {
 
-DecodeCall::DecodeCall(Admission* admission) : admission_(admission) { StartRead(&request_bytes_); }
+DecodeCall::DecodeCall(Admission* admission) : admission_(admission) {
+  { std::lock_guard lock(mu_); }  // the members' construction, before any reaction
+  StartRead(&request_bytes_);
+}
 
 void DecodeCall::OnReadDone(bool ok) {
+  { std::lock_guard lock(mu_); }  // the last answer's writes (any thread), before this read's
   if (!ok) {
     // The client closed its side (the session's normal end) or the stream broke.
     End(grpc::Status::OK);
@@ -156,23 +160,32 @@ void DecodeCall::StepDone(const absl::Status& status) {
 }
 
 void DecodeCall::Answer(const absl::Status& status) {
-  if (!status.ok()) {
-    response_.clear_output();
-    response_.set_error_code(static_cast<int32_t>(status.code()));
-    response_.set_error_message(std::string(status.message()));
+  std::vector<int64_t> positions;
+  if (session_ != nullptr) positions = session_->positions();
+  grpc::Status serialized;
+  {
+    std::lock_guard lock(mu_);  // the answer (on any thread), before the next reaction's use
+    if (!status.ok()) {
+      response_.clear_output();
+      response_.set_error_code(static_cast<int32_t>(status.code()));
+      response_.set_error_message(std::string(status.message()));
+    }
+    response_.clear_positions();
+    for (int64_t position : positions) response_.add_positions(position);
+    serialized = SerializeStreamMessage(response_, &response_bytes_);
   }
-  response_.clear_positions();
-  if (session_ != nullptr) {
-    for (int64_t position : session_->positions()) response_.add_positions(position);
-  }
-  if (grpc::Status s = SerializeStreamMessage(response_, &response_bytes_); !s.ok()) {
-    End(s);
+  if (!serialized.ok()) {
+    End(serialized);
     return;
   }
   StartWrite(&response_bytes_);
 }
 
 void DecodeCall::OnWriteDone(bool ok) {
+  {
+    std::lock_guard lock(mu_);
+    response_bytes_.Clear();  // sent: a stream waiting for its next message holds no copy of it
+  }
   if (!ok) {
     End(grpc::Status::OK);
     return;

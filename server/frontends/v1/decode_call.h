@@ -55,6 +55,10 @@ class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   std::vector<float> input_copy_;
   bool raw_ = false;
 
+  // Guards the flags below. gRPC orders the reactions (the constructor, each read and write,
+  // OnDone) inside itself, and a step is answered on the compute thread, out of a thread
+  // sanitizer's sight; each reaction and each answer also takes this lock, so that the order in
+  // which they use the messages is visible to it too.
   std::mutex mu_;
   bool step_in_flight_ = false;  // guarded by mu_
   bool cancelled_ = false;       // guarded by mu_
