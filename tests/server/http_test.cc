@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -34,6 +35,8 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "server/frontends/http/http_router.h"
+#include "server/frontends/http/http_server.h"
 #include "server/frontends/http/http_status.h"
 #include "server/frontends/oip/inference_service.h"
 #include "server/serving/too_large.h"
@@ -889,6 +892,28 @@ TEST(HttpMetricsTest, RestAndGrpcCallsAreCountedTogether) {
   EXPECT_EQ((*series)[SeriesKey("attnserve_request_duration_seconds_count",
                                 {{"model", "demo"}, {"kind", "causal"}})],
             3);
+}
+
+TEST(HttpServerTest, AHandlerThatThrowsFailsItsRequestAndTheOthersGoOn) {
+  HttpRouter router;
+  router.Add("GET", "/throws", [](HttpExchange&) { throw std::length_error("vector too long"); });
+  router.Add("GET", "/ok",
+             [](HttpExchange& exchange) { exchange.Reply(200, "text/plain", "fine"); });
+  HttpServerOptions options;
+  options.listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<HttpServer>> server =
+      HttpServer::Start(std::move(options), std::move(router));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string base = absl::StrCat("http://127.0.0.1:", (*server)->port());
+
+  for (int i = 0; i < 3; ++i) {
+    const HttpReply failed = HttpCall("GET", base + "/throws");
+    EXPECT_EQ(failed.status, 500) << failed.error;
+    EXPECT_NE(failed.body.find("vector too long"), std::string::npos) << failed.body;
+    const HttpReply ok = HttpCall("GET", base + "/ok");
+    EXPECT_EQ(ok.status, 200) << ok.error;
+    EXPECT_EQ(ok.body, "fine");
+  }
 }
 
 TEST(HttpOptionsTest, OffAndBadAddresses) {
