@@ -14,7 +14,7 @@ bool KvCacheBudget::TryCharge(int64_t bytes) {
   if (bytes < 0) return false;  // a charge never gives room back: Release does
   int64_t used = used_.load();
   do {
-    if (used + bytes > limit_) return false;
+    if (bytes > limit_ - used) return false;  // (used <= limit_: never overflows)
   } while (!used_.compare_exchange_weak(used, used + bytes));
   return true;
 }

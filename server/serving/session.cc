@@ -1,6 +1,7 @@
 #include "server/serving/session.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,13 @@
 #include "server/serving/decode_queue.h"
 
 namespace attnserve::server {
+namespace {
+
+// What one sequence of a session holds beside its cache's blocks (twice that for a causal cross
+// sequence, which has two caches), rounded up from the ~117 bytes measured.
+constexpr int64_t kSequenceBookkeepingBytes = 128;
+
+}  // namespace
 
 StepArgs MakeStepArgs(const core::RaggedBatch& input, std::span<float> output,
                       int64_t output_width) {
@@ -73,14 +81,14 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
       layer->precision() == core::Precision::kBF16 ? core::KvPrecision::kBF16
                                                    : core::KvPrecision::kF32);
   // Each sequence's bookkeeping beside its blocks (its caches' objects, its position, a causal
-  // cross sequence's pending context) is charged with them, so the budget bounds a session of
-  // many empty sequences too: 65,536 of them come in a message of a few KiB.
-  const int64_t per_sequence =
-      sizeof(core::KvSequence) + sizeof(std::unique_ptr<core::KvSequence>) + sizeof(int64_t) +
-      (context != nullptr ? sizeof(core::KvSequence) + sizeof(std::unique_ptr<core::KvSequence>) +
-                                sizeof(std::vector<float>)
-                          : 0);
-  const int64_t bookkeeping = batch * per_sequence;
+  // cross sequence's pending context, and the frontend's per-sequence copies: lengths,
+  // positions, output pointers) is charged with them, so the budget bounds a session of many
+  // empty sequences too: 65,536 of them come in a message of a few KiB and held about 117 bytes
+  // each, malloc's overhead included.
+  const int64_t per_sequence = kSequenceBookkeepingBytes * (context != nullptr ? 2 : 1);
+  const int64_t bookkeeping = batch > std::numeric_limits<int64_t>::max() / per_sequence
+                                  ? std::numeric_limits<int64_t>::max()
+                                  : batch * per_sequence;
   if (!budget_.TryCharge(bookkeeping)) {
     if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kKvCache);
     return core::KvCacheFull(budget_, bookkeeping,
@@ -89,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
   }
   session->bookkeeping_bytes_ = bookkeeping;
   queue->kv_bytes().fetch_add(bookkeeping);
+  if (metrics != nullptr) metrics->SetKvCacheBytes(queue->kv_bytes());
   const int64_t width = layer->spec().inner(), head_dim = layer->spec().head_dim;
   session->positions_.assign(batch, 0);
   for (int64_t b = 0; b < batch; ++b) {

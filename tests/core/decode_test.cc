@@ -217,6 +217,11 @@ TEST(KvCacheTest, ANegativeLengthIsRefusedAndTheBudgetStaysWhole) {
   EXPECT_EQ(budget.used(), 0);
   EXPECT_FALSE(budget.TryCharge(-a.block_bytes()));
   EXPECT_EQ(budget.used(), 0);
+  ASSERT_TRUE(budget.TryCharge(1));
+  // A charge so large that adding it to what is used overflows is refused too.
+  EXPECT_FALSE(budget.TryCharge(std::numeric_limits<int64_t>::max()));
+  budget.Release(1);
+  EXPECT_EQ(budget.used(), 0);
   ASSERT_TRUE(a.Reserve(2 * kKvBlockTokens).ok());
   KvSequence b(8, 8, KvPrecision::kF32, &budget, nullptr);
   EXPECT_EQ(b.Reserve(1).code(), absl::StatusCode::kResourceExhausted);

@@ -272,6 +272,38 @@ TEST_F(DecodeServiceTest, ARefusedMessageIsAnsweredInTheStreamAndChangesNothing)
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+// A refused first message opens nothing: no session is counted or charged, and the next
+// message opens the session with its own number of sequences.
+TEST_F(DecodeServiceTest, ARefusedFirstMessageOpensNoSession) {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest narrow;  // three sequences of a width that is not d_model
+  narrow.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  *narrow.mutable_input() = MakeTensor({3, 1, 8}, std::vector<float>(24, 1.0f), true);
+  v1::DecodeResponse refused = Exchange(*stream, narrow);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_EQ(refused.positions_size(), 0);
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+  v1::DecodeRequest too_long = Tokens(0, 65);  // over --max-session-tokens 64
+  too_long.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  refused = Exchange(*stream, too_long);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_EQ(refused.positions_size(), 0);
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+
+  v1::DecodeRequest first = Tokens(0, 4);  // B = 1, though the refused messages said 3
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const v1::DecodeResponse opened = Exchange(*stream, first);
+  ASSERT_EQ(opened.error_code(), 0) << opened.error_message();
+  ASSERT_EQ(opened.positions_size(), 1);
+  EXPECT_EQ(opened.positions(0), 4);
+  EXPECT_EQ(Gauge("attnserve_sessions"), 1);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 TEST_F(DecodeServiceTest, SessionsPastTheLimitOrOnAnUnknownModelEndTheirStream) {
   grpc::ClientContext unknown_context;
   std::unique_ptr<Stream> unknown = Open(&unknown_context);

@@ -37,15 +37,25 @@ void DecodeCall::Take() {
     return;
   }
   response_.Clear();
-  if (session_ == nullptr) {
+  const bool opening = session_ == nullptr;
+  if (opening) {
     if (!OpenSession()) return;
   } else if (absl::Status s = DecodeNext(); !s.ok()) {
     Answer(s);
     return;
   }
+  // A refused first message opens nothing: the session (and what it charged to the budget)
+  // goes, so that the client's corrected first message opens it anew, with its own B.
+  auto refuse = [this, opening](const absl::Status& s) {
+    if (opening) {
+      std::lock_guard lock(mu_);
+      session_.reset();
+    }
+    Answer(s);
+  };
   StepArgs args;
   if (absl::Status s = MakeStep(&args); !s.ok()) {
-    Answer(s);
+    refuse(s);
     return;
   }
   {
@@ -59,7 +69,7 @@ void DecodeCall::Take() {
       std::lock_guard lock(mu_);
       step_in_flight_ = false;
     }
-    Answer(refused);
+    refuse(refused);
   }
 }
 
