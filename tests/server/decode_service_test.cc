@@ -3,6 +3,7 @@
 // together) and against one Forward over the whole sequence, each error answered in the stream
 // with the session unchanged, the limits, and the cache freed when a stream ends.
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -300,6 +301,47 @@ TEST_F(DecodeServiceTest, ARefusedFirstMessageOpensNoSession) {
   ASSERT_EQ(opened.positions_size(), 1);
   EXPECT_EQ(opened.positions(0), 4);
   EXPECT_EQ(Gauge("attnserve_sessions"), 1);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A stream waiting for its next message holds its session's cache, not a copy of the last
+// message's input or output: after a prompt of 8 MiB in and 8 MiB out, the server (in this
+// process) holds about the cache's bytes more than before, not two more messages.
+TEST_F(DecodeServiceTest, AnIdleStreamHoldsItsCacheAndNotItsLastMessage) {
+  ServerOptions options;
+  options.max_session_tokens = 1 << 20;
+  Restart(options);
+  auto heap_in_use = [] {
+    const struct mallinfo2 info = mallinfo2();
+    return static_cast<double>(info.uordblks + info.hblkhd);
+  };
+  constexpr int64_t kTokens = 8192;
+  constexpr double kMessageBytes = kTokens * kWidth * 4;  // the prompt's input, and its output
+  const std::vector<float> prompt = LongPrompt(kTokens);
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  const double before = heap_in_use();
+  if (before == 0) GTEST_SKIP() << "this allocator does not count its bytes (a sanitizer's)";
+  {
+    v1::DecodeRequest first = StepOf({prompt.data()}, {0}, {kTokens}, kWidth);
+    first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    const v1::DecodeResponse opened = Exchange(*stream, first);
+    ASSERT_EQ(opened.error_code(), 0) << opened.error_message();
+    ASSERT_EQ(opened.positions(0), kTokens);
+  }
+  const double cache = Gauge("attnserve_kv_cache_bytes");
+  EXPECT_GE(cache, 2.0 * kMessageBytes);
+  // Holding the last input and output came to 2.2 messages above the cache; gRPC's transport
+  // (both ends are in this process) and the allocator keep up to about half of one. (The
+  // answer's write ends, and the stream lets go of its messages, a moment after the client has
+  // read it.)
+  double held = heap_in_use() - before;
+  for (int i = 0; i < 100 && held >= cache + kMessageBytes; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    held = heap_in_use() - before;
+  }
+  EXPECT_LT(held, cache + kMessageBytes) << "the cache is " << cache << " bytes";
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
 }

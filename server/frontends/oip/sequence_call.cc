@@ -134,8 +134,12 @@ void StreamInferCall::Answer(const absl::Status& status) {
 void StreamInferCall::OnWriteDone(bool ok) {
   {
     std::lock_guard lock(mu_);
+    // Answered: a stream waiting for its next message holds its sessions' caches and nothing
+    // else, not the last message's tensors.
     step_.reset();
-    response_bytes_.Clear();  // sent: a stream waiting for its next message holds no copy of it
+    response_bytes_.Clear();
+    request_ = inference::ModelInferRequest();
+    response_ = inference::ModelStreamInferResponse();
   }
   if (!ok) {
     Finish(grpc::Status::OK);

@@ -194,7 +194,13 @@ void DecodeCall::Answer(const absl::Status& status) {
 void DecodeCall::OnWriteDone(bool ok) {
   {
     std::lock_guard lock(mu_);
-    response_bytes_.Clear();  // sent: a stream waiting for its next message holds no copy of it
+    // Answered: a stream waiting for its next message holds its session's cache and nothing
+    // else, not the last message's input and output (a prompt's can be hundreds of MB).
+    response_bytes_.Clear();
+    request_ = v1::DecodeRequest();
+    response_ = v1::DecodeResponse();
+    std::vector<float>().swap(input_copy_);
+    input_ = core::RaggedBatch();
   }
   if (!ok) {
     End(grpc::Status::OK);
