@@ -218,6 +218,13 @@ struct Metrics::Families {
                            .Help("The KV cache budget every session shares (--kv-cache-mib).")
                            .Register(r)
                            .Add({})),
+        session_messages(prometheus::BuildCounter()
+                             .Name("attnserve_session_messages_total")
+                             .Help("Messages of decode sessions answered (Decode and "
+                                   "ModelStreamInfer messages, ModelInfer and REST requests "
+                                   "with sequence_id), by model and gRPC status code: refused "
+                                   "and malformed ones too.")
+                             .Register(r)),
         decode_tokens(prometheus::BuildCounter()
                           .Name("attnserve_decode_tokens_total")
                           .Help("Tokens appended by decode steps, by model.")
@@ -263,6 +270,7 @@ struct Metrics::Families {
   Family<Counter>& sessions_refused;
   Family<Gauge>& kv_cache_bytes;
   Gauge& kv_cache_limit;
+  Family<Counter>& session_messages;
   Family<Counter>& decode_tokens;
   Family<Histogram>& decode_step_tokens;
   Family<Gauge>& queue_depth;
@@ -474,6 +482,15 @@ void Metrics::CallAnswered(ModelMetrics& model, CallProtocol protocol,
   Lazy(model.request_duration_[k], families_->request_duration, model_kind, DurationBuckets())
       .Observe(seconds);
   if (c == 0) Lazy(model.tokens_[k], families_->tokens, model_kind).Increment(tokens);
+}
+
+void Metrics::SessionMessageAnswered(ModelMetrics& model, absl::StatusCode code) {
+  if (!enabled_) return;
+  const int c = CodeIndex(code);
+  Lazy(model.session_messages_[c], families_->session_messages,
+       {{"model", model.name_},
+        {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(c))}})
+      .Increment();
 }
 
 const std::vector<double>& Metrics::DurationBuckets() {

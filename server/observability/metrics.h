@@ -118,6 +118,7 @@ class ModelMetrics {
              kCallProtocols>
       requests_{};
   std::array<std::atomic<prometheus::Counter*>, kKinds> tokens_{};
+  std::array<std::atomic<prometheus::Counter*>, kCodes> session_messages_{};
   std::array<std::atomic<prometheus::Histogram*>, kKinds> request_duration_{};
 };
 
@@ -173,6 +174,10 @@ class Metrics {
   void CallAnswered(ModelMetrics& model, CallProtocol protocol,
                     std::optional<core::AttentionKind> kind, absl::StatusCode code, int64_t tokens,
                     double seconds);
+
+  // A message of a decode session was answered with `code`
+  // (attnserve_session_messages_total).
+  void SessionMessageAnswered(ModelMetrics& model, absl::StatusCode code);
 
   // Bucket bounds (seconds) of the duration histograms: 50 µs to 60 s, 1-2.5-5 per decade.
   static const std::vector<double>& DurationBuckets();

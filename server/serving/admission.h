@@ -35,6 +35,12 @@ class Admission {
                                                        core::AttentionKind kind, int64_t batch,
                                                        const core::RaggedBatch* context);
 
+  // A message of a decode session was answered (every frontend's session messages, refused
+  // and malformed ones too, are counted here).
+  void SessionMessageAnswered(absl::string_view model, const absl::Status& status) {
+    reporter_->SessionMessageAnswered(model, status);
+  }
+
   // From now on calls are answered Unavailable (shutdown has begun).
   void StopAccepting() { accepting_.store(false); }
   bool accepting() const { return accepting_.load(); }

@@ -552,6 +552,15 @@ TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
   const grpc::Status ended = call(SequenceRequest(sequence_, 14, 1, 7, false, false), &response);
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(ended.error_message().find("sequence 7"), std::string::npos) << ended.error_message();
+  // Each step is a session's message, counted as the stream's are: 5 + 1 taken, 1 not found.
+  absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  EXPECT_EQ((*samples)[SeriesKey("attnserve_session_messages_total",
+                                 {{"code", "OK"}, {"model", "demo"}})],
+            6);
+  EXPECT_EQ((*samples)[SeriesKey("attnserve_session_messages_total",
+                                 {{"code", "NOT_FOUND"}, {"model", "demo"}})],
+            1);
 }
 
 TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheStream) {
@@ -646,6 +655,18 @@ TEST_F(DecodeServiceTest, AMessageThatDoesNotParseIsAnsweredInTheStreamAndChange
     EXPECT_TRUE(stream.Finish().ok());
   }
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  // Every message is counted, by the model of its session (a message before any session, that
+  // names no model: ""): 2 + 2 taken, 2 malformed in demo's Decode session, 1 before it and 2
+  // on ModelStreamInfer (whose model is in the message).
+  absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  auto messages = [&](const std::string& model, const std::string& code) {
+    return (*samples)[SeriesKey("attnserve_session_messages_total",
+                                {{"code", code}, {"model", model}})];
+  };
+  EXPECT_EQ(messages("demo", "OK"), 4);
+  EXPECT_EQ(messages("demo", "INVALID_ARGUMENT"), 2);
+  EXPECT_EQ(messages("", "INVALID_ARGUMENT"), 3);
 }
 
 // A causal cross first message whose context is refused, for a negative length or for more than

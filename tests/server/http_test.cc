@@ -870,6 +870,14 @@ TEST(HttpMetricsTest, RestAndGrpcCallsAreCountedTogether) {
     ASSERT_EQ(HttpCall("POST", base + "demo/infer", body, headers).status, 200);
   }
   EXPECT_EQ(HttpCall("POST", base + "nope/infer", SmallCall(), {}).status, 404);
+  // Sequence steps are a session's messages: counted with the Decode streams', not as calls.
+  const std::vector<float> values = Wave(2 * kWidth, 3);
+  for (int i = 0; i < 2; ++i) {
+    const auto [body, headers] = SequenceStepBody(values, i, 1, "counted", i == 0, i == 1);
+    ASSERT_EQ(HttpCall("POST", base + "demo/infer", body, headers).status, 200);
+  }
+  const auto [ended, step_headers] = SequenceStepBody(values, 0, 1, "counted", false, false);
+  EXPECT_EQ(HttpCall("POST", base + "demo/infer", ended, step_headers).status, 404);
   auto stub = inference::GRPCInferenceService::NewStub(Connect(server->port()));
   grpc::ClientContext context;
   ModelInferResponse response;
@@ -892,6 +900,12 @@ TEST(HttpMetricsTest, RestAndGrpcCallsAreCountedTogether) {
   EXPECT_EQ((*series)[SeriesKey("attnserve_request_duration_seconds_count",
                                 {{"model", "demo"}, {"kind", "causal"}})],
             3);
+  EXPECT_EQ(
+      (*series)[SeriesKey("attnserve_session_messages_total", {{"model", "demo"}, {"code", "OK"}})],
+      2);
+  EXPECT_EQ((*series)[SeriesKey("attnserve_session_messages_total",
+                                {{"model", "demo"}, {"code", "NOT_FOUND"}})],
+            1);
 }
 
 TEST(HttpServerTest, AHandlerThatThrowsFailsItsRequestAndTheOthersGoOn) {

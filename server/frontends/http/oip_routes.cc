@@ -139,6 +139,7 @@ void Infer(Admission& admission, SequenceTable& sequences, const HttpBodyLimits&
   HttpInferCall call(model, Version(exchange), std::move(body), arrival, *deadline);
   if (call.IsSequenceStep()) {
     const absl::Status status = RunSequenceStep(admission, sequences, exchange, call);
+    admission.SessionMessageAnswered(model, status);
     if (!status.ok()) return ReplyError(exchange, status);
     return Reply(exchange, model, call.computed_by(), call.decoded());
   }

@@ -197,6 +197,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
     if (parsed->ParseFromZeroCopyStream(&reader)) {
       absl::StatusOr<std::optional<SequenceParams>> params = ReadSequenceParams(*parsed);
       if (!params.ok()) {
+        admission_->SessionMessageAnswered(parsed->model_name(), params.status());
         grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
         reactor->Finish(ToGrpcStatus(params.status()));
         return reactor;

@@ -33,7 +33,9 @@ void DecodeCall::OnReadDone(bool ok) {
 void DecodeCall::Take() {
   if (!admission_->accepting()) {
     // Draining: the stream ends, so its client replays its sequence on another replica.
-    End(ToGrpcStatus(absl::UnavailableError("the server is shutting down")));
+    const absl::Status draining = absl::UnavailableError("the server is shutting down");
+    admission_->SessionMessageAnswered(request_.model(), draining);
+    End(ToGrpcStatus(draining));
     return;
   }
   response_.Clear();
@@ -112,6 +114,7 @@ bool DecodeCall::OpenSession() {
     if (absl::IsInvalidArgument(session.status())) {
       Answer(session.status());
     } else {
+      admission_->SessionMessageAnswered(request_.model(), session.status());
       End(ToGrpcStatus(session.status()));
     }
     return false;
@@ -175,6 +178,8 @@ void DecodeCall::Answer(const absl::Status& status) {
   grpc::Status serialized;
   {
     std::lock_guard lock(mu_);  // the answer (on any thread), before the next reaction's use
+    admission_->SessionMessageAnswered(session_ != nullptr ? session_->model() : request_.model(),
+                                       status);
     if (!status.ok()) {
       response_.clear_output();
       response_.set_error_code(static_cast<int32_t>(status.code()));
