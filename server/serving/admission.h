@@ -35,10 +35,12 @@ class Admission {
                                                        core::AttentionKind kind, int64_t batch,
                                                        const core::RaggedBatch* context);
 
-  // A message of a decode session was answered (every frontend's session messages, refused
-  // and malformed ones too, are counted here).
+  // A message of a decode session was answered with `status` (every frontend's session
+  // messages, refused and malformed ones too, are counted here). `model` is the session's model,
+  // or the name the message gave when no session holds it (any name not served counts as "").
   void SessionMessageAnswered(absl::string_view model, const absl::Status& status) {
-    reporter_->SessionMessageAnswered(model, status);
+    Metrics& metrics = reporter_->metrics();
+    metrics.SessionMessageAnswered(metrics.ForModel(model), status.code());
   }
 
   // From now on calls are answered Unavailable (shutdown has begun).

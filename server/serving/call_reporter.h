@@ -30,12 +30,6 @@ class CallReporter {
   virtual void Answer(Job& job, absl::string_view model, bool decoded, const absl::Status& status,
                       const RunInfo& run);
 
-  // A message of a decode session was answered with `status`. `model` is the session's model,
-  // or the name the message gave when no session holds it (any name not served counts as "").
-  void SessionMessageAnswered(absl::string_view model, const absl::Status& status) {
-    metrics_->SessionMessageAnswered(metrics_->ForModel(model), status.code());
-  }
-
   // Writes the failure counts not yet logged (at shutdown).
   void FlushLog() { failures_.Flush(); }
 

@@ -201,10 +201,18 @@ class DecodeServiceTest : public ::testing::Test {
 
   double Counter(const std::string& name) { return Gauge(name); }
 
-  double Gauge(const std::string& name) {
+  double Gauge(const std::string& name) { return Sample(name, {{"model", "demo"}}); }
+
+  // One series' sample, scraped now.
+  double Sample(const std::string& name, SeriesLabels labels) {
     absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
     EXPECT_TRUE(samples.ok()) << samples.status();
-    return (*samples)[SeriesKey(name, {{"model", "demo"}})];
+    return (*samples)[SeriesKey(name, std::move(labels))];
+  }
+
+  // attnserve_session_messages_total of `model`'s messages answered with `code`.
+  double SessionMessages(const std::string& model, const std::string& code) {
+    return Sample("attnserve_session_messages_total", {{"code", code}, {"model", model}});
   }
 
   std::unique_ptr<Server> server_;
@@ -336,11 +344,9 @@ TEST_F(DecodeServiceTest, AnIdleStreamHoldsItsCacheAndNotItsLastMessage) {
   // (both ends are in this process) and the allocator keep up to about half of one. (The
   // answer's write ends, and the stream lets go of its messages, a moment after the client has
   // read it.)
-  double held = heap_in_use() - before;
-  for (int i = 0; i < 100 && held >= cache + kMessageBytes; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    held = heap_in_use() - before;
-  }
+  double held = 0;
+  WaitFor([&] { return (held = heap_in_use() - before) < cache + kMessageBytes; },
+          std::chrono::milliseconds(5000));
   EXPECT_LT(held, cache + kMessageBytes) << "the cache is " << cache << " bytes";
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
@@ -553,14 +559,8 @@ TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(ended.error_message().find("sequence 7"), std::string::npos) << ended.error_message();
   // Each step is a session's message, counted as the stream's are: 5 + 1 taken, 1 not found.
-  absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
-  ASSERT_TRUE(samples.ok()) << samples.status();
-  EXPECT_EQ((*samples)[SeriesKey("attnserve_session_messages_total",
-                                 {{"code", "OK"}, {"model", "demo"}})],
-            6);
-  EXPECT_EQ((*samples)[SeriesKey("attnserve_session_messages_total",
-                                 {{"code", "NOT_FOUND"}, {"model", "demo"}})],
-            1);
+  EXPECT_EQ(SessionMessages("demo", "OK"), 6);
+  EXPECT_EQ(SessionMessages("demo", "NOT_FOUND"), 1);
 }
 
 TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheStream) {
@@ -658,15 +658,9 @@ TEST_F(DecodeServiceTest, AMessageThatDoesNotParseIsAnsweredInTheStreamAndChange
   // Every message is counted, by the model of its session (a message before any session, that
   // names no model: ""): 2 + 2 taken, 2 malformed in demo's Decode session, 1 before it and 2
   // on ModelStreamInfer (whose model is in the message).
-  absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
-  ASSERT_TRUE(samples.ok()) << samples.status();
-  auto messages = [&](const std::string& model, const std::string& code) {
-    return (*samples)[SeriesKey("attnserve_session_messages_total",
-                                {{"code", code}, {"model", model}})];
-  };
-  EXPECT_EQ(messages("demo", "OK"), 4);
-  EXPECT_EQ(messages("demo", "INVALID_ARGUMENT"), 2);
-  EXPECT_EQ(messages("", "INVALID_ARGUMENT"), 3);
+  EXPECT_EQ(SessionMessages("demo", "OK"), 4);
+  EXPECT_EQ(SessionMessages("demo", "INVALID_ARGUMENT"), 2);
+  EXPECT_EQ(SessionMessages("", "INVALID_ARGUMENT"), 3);
 }
 
 // A causal cross first message whose context is refused, for a negative length or for more than

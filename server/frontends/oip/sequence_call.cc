@@ -86,10 +86,7 @@ void StreamInferCall::OnReadDone(bool ok) {
     Finish(grpc::Status::OK);
     return;
   }
-  {
-    std::lock_guard lock(mu_);
-    response_.Clear();
-  }
+  { std::lock_guard lock(mu_); }  // the last answer's writes (any thread), before this read's
   if (absl::Status s = ParseStreamMessage(&request_bytes_, &request_); !s.ok()) {
     Answer(s);
     return;

@@ -23,7 +23,6 @@ void DecodeCall::OnReadDone(bool ok) {
     return;
   }
   if (absl::Status s = ParseStreamMessage(&request_bytes_, &request_); !s.ok()) {
-    response_.Clear();
     Answer(s);
     return;
   }
@@ -38,7 +37,6 @@ void DecodeCall::Take() {
     End(ToGrpcStatus(draining));
     return;
   }
-  response_.Clear();
   const bool opening = session_ == nullptr;
   if (opening) {
     if (!OpenSession()) return;
@@ -185,7 +183,6 @@ void DecodeCall::Answer(const absl::Status& status) {
       response_.set_error_code(static_cast<int32_t>(status.code()));
       response_.set_error_message(std::string(status.message()));
     }
-    response_.clear_positions();
     for (int64_t position : positions) response_.add_positions(position);
     serialized = SerializeStreamMessage(response_, &response_bytes_);
   }
