@@ -59,6 +59,9 @@ class StepRun {
   void Launch(Clock::time_point scheduled, bool counted);
   // Counts an answer; in a closed loop, sends the next call in its place.
   void Finish(Call* call, const absl::Status& status);
+  // Runs window_started once, before any counted call; a closed loop's window starts after it.
+  // Callers racing to open it wait until it has.
+  void OpenWindow();
   // Counts a call as sent (under mu_).
   void CountSent(Clock::time_point scheduled, Clock::time_point now);
   TimeSlice& SliceOf(Clock::time_point scheduled);
@@ -86,10 +89,12 @@ class StepRun {
   const LoadOptions& options_;
   Clock::time_point start_, window_start_, window_end_;
   std::atomic<uint64_t> next_call_{0};
+  std::once_flag window_once_;
 
   std::mutex mu_;
   std::condition_variable changed_;
   int64_t in_flight_ = 0;
+  bool window_open_ = false;     // OpenWindow has run: calls from now on are counted
   int senders_running_ = 0;      // open loop: sender threads still sending
   int64_t counted_started_ = 0;  // closed loop: counted calls sent (the count bound)
   Clock::time_point last_counted_send_, last_counted_answer_, last_actual_send_;
@@ -105,6 +110,22 @@ TimeSlice& StepRun::SliceOf(Clock::time_point scheduled) {
         static_cast<double>(report_.timeline.size() - 1) * report_.slice_seconds;
   }
   return report_.timeline[index];
+}
+
+void StepRun::OpenWindow() {
+  std::call_once(window_once_, [this] {
+    if (options_.window_started) options_.window_started();
+    std::lock_guard<std::mutex> lock(mu_);
+    window_open_ = true;
+    if (options_.mode == LoadMode::kClosed && options_.warmup > absl::ZeroDuration()) {
+      // The scrape took the window's first moments: the window starts after it.
+      window_start_ = Clock::now();
+      if (window_end_ != Clock::time_point::max()) {
+        window_end_ = window_start_ + absl::ToChronoNanoseconds(options_.duration);
+      }
+      last_counted_send_ = last_counted_answer_ = last_actual_send_ = window_start_;
+    }
+  });
 }
 
 void StepRun::CountSent(Clock::time_point scheduled, Clock::time_point now) {
@@ -152,8 +173,9 @@ void StepRun::Finish(Call* call, const absl::Status& status) {
       }
       last_counted_answer_ = std::max(last_counted_answer_, now);
     }
-    if (options_.mode == LoadMode::kClosed && now < window_end_) {
-      relaunch_counted = now >= window_start_;
+    // (A warm-up goes on until the window has opened, however late that is.)
+    if (options_.mode == LoadMode::kClosed && (!window_open_ || now < window_end_)) {
+      relaunch_counted = window_open_;
       relaunch = !relaunch_counted || options_.max_requests <= 0 ||
                  counted_started_ < options_.max_requests;
       if (relaunch && relaunch_counted) {
@@ -202,6 +224,7 @@ void StepRun::SendOpenLoop(int sender, int senders) {
     if (index % senders != sender) continue;
     const Clock::time_point next = due();
     std::this_thread::sleep_until(next);
+    if (in_window()) OpenWindow();
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto room = [&] { return in_flight_ < options_.max_in_flight; };
@@ -239,6 +262,7 @@ StepProgress StepRun::Progress(Clock::time_point now) {
 
 StepReport StepRun::Run() {
   DescribeLoad();
+  if (options_.warmup <= absl::ZeroDuration()) OpenWindow();  // before the clock and any call
   StartClock();
   std::vector<std::thread> senders;
   if (options_.mode == LoadMode::kOpen) {
@@ -299,8 +323,7 @@ void StepRun::LaunchFirstCalls() {
 }
 
 void StepRun::WaitForEnd() {
-  bool window_open = options_.warmup <= absl::ZeroDuration();
-  if (window_open && options_.window_started) options_.window_started();
+  bool window_open = options_.warmup <= absl::ZeroDuration();  // opened by Run
   while (true) {
     Clock::time_point wake = Clock::now() + std::chrono::milliseconds(500);
     if (!window_open) wake = std::min(wake, window_start_);
@@ -312,7 +335,7 @@ void StepRun::WaitForEnd() {
     const Clock::time_point now = Clock::now();
     if (!window_open && now >= window_start_) {
       window_open = true;
-      if (options_.window_started) options_.window_started();
+      OpenWindow();  // an open loop's sender may have opened it already
     }
     if (options_.progress) options_.progress(Progress(now));
   }

@@ -74,7 +74,9 @@ struct LoadOptions {
   absl::Duration duration = absl::Seconds(10);   // the window; zero: bounded by max_requests
   int64_t max_requests = 0;                      // calls in the window; zero: no count bound
   uint64_t seed = 1;                             // of the Poisson gaps
-  // Runs (on the calling thread) when the window opens: the server metrics' first scrape.
+  // Runs once as the window opens, before any counted call is sent: the server metrics' first
+  // scrape. A closed loop's window starts when it returns (warm-up calls go on meanwhile); an
+  // open loop's first counted calls wait for it (their latency counts from when they were due).
   std::function<void()> window_started;
   // Runs about twice a second with the step's figures so far: the terminal's progress line.
   std::function<void(const StepProgress&)> progress;

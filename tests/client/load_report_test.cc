@@ -3,9 +3,18 @@
 #include "client/load_report.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <random>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "client/histogram.h"
 #include "client/http_connection.h"
 #include "client/load_engine.h"
@@ -205,6 +214,96 @@ TEST(LoadEngineTest, RefusesBadOptionsBeforeAnyCall) {
   no_rate.mode = LoadMode::kOpen;
   EXPECT_EQ(engine.RunStep(no_rate).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LoadEngine({}, {}).RunStep({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A sender that answers every call at once, from a thread of its own (as gRPC's are), and
+// counts the calls sent before and after the window's scrape has returned.
+class InstantSender final : public LoadSender {
+ public:
+  InstantSender() : worker_([this] { Answer(); }) {}
+  ~InstantSender() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    ready_.notify_one();
+    worker_.join();
+  }
+  void SendAsync(const WorkItem&, std::function<void(absl::Status)> done) const override {
+    (scraped_ ? after_ : before_).fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(done));
+    }
+    ready_.notify_one();
+  }
+  absl::Status Send(const WorkItem&) const override { return absl::OkStatus(); }
+
+  // The scrape: a moment of its own, as an HTTP GET takes.
+  void Scrape() {
+    ++scrapes_;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    scraped_ = true;
+  }
+  int scrapes() const { return scrapes_; }
+  int64_t before() const { return before_; }
+  int64_t after() const { return after_; }
+
+ private:
+  void Answer() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::function<void(absl::Status)> done = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      done(absl::OkStatus());
+      lock.lock();
+    }
+  }
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable ready_;
+  mutable std::deque<std::function<void(absl::Status)>> queue_;
+  bool stopping_ = false;
+  std::atomic<bool> scraped_{false};
+  std::atomic<int> scrapes_{0};
+  mutable std::atomic<int64_t> before_{0}, after_{0};
+  std::thread worker_;
+};
+
+// The window's scrape comes before every counted call, in both loops, with a warm-up or none:
+// counted calls that all end before the waiting thread wakes at the window's time were once
+// sent unscraped (and a run with none after the wake-up failed: a window without a scrape).
+TEST(LoadEngineTest, TheWindowsScrapeComesBeforeEveryCountedCall) {
+  for (LoadMode mode : {LoadMode::kClosed, LoadMode::kOpen}) {
+    for (absl::Duration warmup : {absl::ZeroDuration(), absl::Milliseconds(30)}) {
+      SCOPED_TRACE(absl::StrCat(mode == LoadMode::kClosed ? "closed" : "open", " loop, warm-up ",
+                                absl::FormatDuration(warmup)));
+      InstantSender sender;
+      LoadEngine engine({&sender}, {WorkItem{.request = {}, .tokens = 1}});
+      LoadOptions options;
+      options.mode = mode;
+      options.rate = 20000;
+      options.warmup = warmup;
+      options.duration = absl::Seconds(10);
+      options.max_requests = 6;
+      options.window_started = [&] { sender.Scrape(); };
+      absl::StatusOr<StepReport> report = engine.RunStep(options);
+      ASSERT_TRUE(report.ok()) << report.status();
+      EXPECT_EQ(sender.scrapes(), 1);
+      EXPECT_EQ(report->sent, 6);
+      EXPECT_EQ(report->ok, 6);
+      // Every counted call after the scrape (and a warm-up call or two that were on their way).
+      EXPECT_GE(sender.after(), 6);
+      if (warmup == absl::ZeroDuration()) {
+        EXPECT_EQ(sender.before(), 0);
+      } else {
+        EXPECT_GT(sender.before(), 0);  // a real warm-up ran
+      }
+    }
+  }
 }
 
 TEST(LoadReportTest, QueryTokensAreTheLengthsOrEveryRow) {
