@@ -73,6 +73,8 @@ class StepRun {
   void DescribeLoad();
   // Sets the step's time points from now: the warm-up, then the window.
   void StartClock();
+  // Places the window at `start`: its end, and the marks counted calls move on from there.
+  void PlaceWindow(Clock::time_point start);
   // Open loop: starts the sender threads, returned to be joined.
   std::vector<std::thread> StartSenders();
   // Closed loop: fills the `concurrency` slots (fewer under a smaller count bound); from then
@@ -118,12 +120,7 @@ void StepRun::OpenWindow() {
     std::lock_guard<std::mutex> lock(mu_);
     window_open_ = true;
     if (options_.mode == LoadMode::kClosed && options_.warmup > absl::ZeroDuration()) {
-      // The scrape took the window's first moments: the window starts after it.
-      window_start_ = Clock::now();
-      if (window_end_ != Clock::time_point::max()) {
-        window_end_ = window_start_ + absl::ToChronoNanoseconds(options_.duration);
-      }
-      last_counted_send_ = last_counted_answer_ = last_actual_send_ = window_start_;
+      PlaceWindow(Clock::now());  // the scrape took the window's first moments
     }
   });
 }
@@ -290,7 +287,11 @@ void StepRun::DescribeLoad() {
 
 void StepRun::StartClock() {
   start_ = Clock::now();
-  window_start_ = start_ + absl::ToChronoNanoseconds(options_.warmup);
+  PlaceWindow(start_ + absl::ToChronoNanoseconds(options_.warmup));
+}
+
+void StepRun::PlaceWindow(Clock::time_point start) {
+  window_start_ = start;
   window_end_ = options_.duration > absl::ZeroDuration()
                     ? window_start_ + absl::ToChronoNanoseconds(options_.duration)
                     : Clock::time_point::max();

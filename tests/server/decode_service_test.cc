@@ -336,6 +336,15 @@ double HeapInUse() {
          size_of("<total type=\"rest\"") + size_of("<total type=\"mmap\"");
 }
 
+// Whether HeapInUse sees this process's allocations (a sanitizer's allocator is not glibc's).
+bool HeapInUseCounts() {
+  const double before = HeapInUse();
+  void* volatile probe = std::malloc(1 << 20);
+  const bool counted = HeapInUse() - before >= (1 << 20);
+  std::free(probe);
+  return counted;
+}
+
 // A stream waiting for its next message holds its session's cache, not a copy of the last
 // message's input or output: after a prompt of 8 MiB in and 8 MiB out, the process (both ends
 // are in it) holds about the cache's bytes more than once the stream has ended. (Measured
@@ -345,13 +354,7 @@ TEST_F(DecodeServiceTest, AnIdleStreamHoldsItsCacheAndNotItsLastMessage) {
   ServerOptions options;
   options.max_session_tokens = 1 << 20;
   Restart(options);
-  {
-    const double before = HeapInUse();
-    void* volatile probe = std::malloc(1 << 20);
-    const bool counted = HeapInUse() - before >= (1 << 20);
-    std::free(probe);
-    if (!counted) GTEST_SKIP() << "this allocator is not glibc's (a sanitizer's)";
-  }
+  if (!HeapInUseCounts()) GTEST_SKIP() << "this allocator is not glibc's (a sanitizer's)";
   constexpr int64_t kTokens = 8192;
   constexpr double kMessageBytes = kTokens * kWidth * 4;  // the prompt's input, and its output
   const std::vector<float> prompt = LongPrompt(kTokens);
