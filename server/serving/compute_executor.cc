@@ -61,10 +61,13 @@ bool ComputeExecutor::TryRunInline(RunQueue* queue) {
     std::lock_guard lock(mu_);
     running_ = nullptr;
     inline_ = false;
-    changed = notified_inline_;  // a Notify, or this thread waiting to look again
+    // A Notify, or this thread waiting to look again; or the run did only part of its work (a
+    // prompt's first chunk), and nothing else would wake the thread for the rest.
+    changed = notified_inline_ || queue->ReadyAt(Clock::now()) != Clock::time_point::max();
+    changed_ = changed_ || changed;
   }
   idle_cv_.notify_all();
-  // What was queued meanwhile goes to the compute thread; when nothing was, it sleeps on.
+  // What is left or was queued meanwhile goes to the compute thread; else it sleeps on.
   if (changed) cv_.notify_one();
   return true;
 }

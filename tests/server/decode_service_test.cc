@@ -472,6 +472,30 @@ TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
   }
 }
 
+// A step small enough to run on its caller's thread may still take two runs: beside a session
+// that is generating, a prompt's run reads no more keys than the steps do (16 tokens' worth of
+// 16384 at least). The rest of it must still run: the compute thread is told, though the first
+// run did not go through it.
+TEST_F(DecodeServiceTest, AStepThatRunsInlineInPartsIsFinished) {
+  grpc::ClientContext generating_context, prompt_context;
+  std::unique_ptr<Stream> generating = OpenWithFirstTokens(&generating_context);
+  ASSERT_EQ(Exchange(*generating, Tokens(4, 1)).error_code(), 0);  // a short step, just now
+  // 40 demo tokens at position 0 read 40 x (40 + 512) = 22080 keys' worth: serial, and past
+  // the 16384 a run gives a prompt beside a generating session, so it runs as 20 + 20.
+  prompt_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::unique_ptr<Stream> prompt = stub_->Decode(&prompt_context);
+  v1::DecodeRequest first = Tokens(0, 40);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const v1::DecodeResponse answer = Exchange(*prompt, first);
+  EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
+  ASSERT_EQ(answer.positions_size(), 1);
+  EXPECT_EQ(answer.positions(0), 40);
+  for (Stream* stream : {generating.get(), prompt.get()}) {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+}
+
 TEST_F(DecodeServiceTest, APromptBetweenAGeneratingSessionsStepsRunsNoCostlierThanTheSteps) {
   ServerOptions options;
   options.max_session_tokens = 8192;
