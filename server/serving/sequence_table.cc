@@ -20,26 +20,38 @@ SequenceTable::SequenceTable(std::chrono::milliseconds idle_timeout)
 
 SequenceTable::~SequenceTable() { reaper_.Stop(); }
 
-void SequenceTable::Start(const std::string& id, std::shared_ptr<Session> session) {
+std::shared_ptr<Session> SequenceTable::Start(const std::string& id,
+                                              std::shared_ptr<Session> session) {
   const std::string model = session->version()->name;
-  std::shared_ptr<Session> old;
-  bool log = false;
+  std::lock_guard lock(mu_);
+  Entry& entry = entries_[Key(model, id)];
+  std::shared_ptr<Session> old = std::move(entry.session);
+  entry = {std::move(session), Clock::now()};
+  return old;
+}
+
+void SequenceTable::Restore(const std::string& id, const Session* started,
+                            std::shared_ptr<Session> old) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(Key(started->version()->name, id));
+  if (it == entries_.end() || it->second.session.get() != started) return;
+  if (old != nullptr) {
+    it->second.session = std::move(old);
+  } else {
+    entries_.erase(it);
+  }
+}
+
+void SequenceTable::Replaced(const std::string& model, const std::string& id) {
   {
     std::lock_guard lock(mu_);
-    const Clock::time_point now = Clock::now();
-    Entry& entry = entries_[Key(model, id)];
-    old = std::move(entry.session);
-    entry = {std::move(session), now};
     // Once a second at most: clients restarting ids in a loop must not flood the log.
-    if (old != nullptr && now - last_restart_log_ >= std::chrono::seconds(1)) {
-      last_restart_log_ = now;
-      log = true;
-    }
+    const Clock::time_point now = Clock::now();
+    if (now - last_restart_log_ < std::chrono::seconds(1)) return;
+    last_restart_log_ = now;
   }
-  if (log) {
-    Log(LogLevel::kInfo, "sequence_start on a sequence id in use: its session ended",
-        {{"model", model}, {"sequence_id", Clipped(id)}});
-  }
+  Log(LogLevel::kInfo, "sequence_start on a sequence id in use: its session ended",
+      {{"model", model}, {"sequence_id", Clipped(id)}});
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& model,
@@ -55,11 +67,12 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& 
   return it->second.session;
 }
 
-void SequenceTable::End(const std::string& model, const std::string& id) {
+void SequenceTable::End(const std::string& model, const std::string& id,
+                        const Session* session) {
   std::shared_ptr<Session> ended;
   std::lock_guard lock(mu_);
   auto it = entries_.find(Key(model, id));
-  if (it == entries_.end()) return;
+  if (it == entries_.end() || it->second.session.get() != session) return;
   ended = std::move(it->second.session);
   entries_.erase(it);
 }

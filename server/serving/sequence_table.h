@@ -27,16 +27,22 @@ class SequenceTable {
   SequenceTable(const SequenceTable&) = delete;
   SequenceTable& operator=(const SequenceTable&) = delete;
 
-  // Keeps `session` under its model's name and `id`; a session they had ends (and the log says
-  // so, at most once a second).
-  void Start(const std::string& id, std::shared_ptr<Session> session);
+  // Keeps `session` under its model's name and `id`; returns the session they had, if any (it
+  // ends when the caller lets go of it: Replaced then logs so).
+  std::shared_ptr<Session> Start(const std::string& id, std::shared_ptr<Session> session);
+  // Puts `old` back under `started`'s model and `id` (nothing there when null), if `started`
+  // is still there: its first step was refused, and a refused step changes nothing.
+  void Restore(const std::string& id, const Session* started, std::shared_ptr<Session> old);
+  // Logs that a sequence_start ended the session `id` had (at most once a second).
+  void Replaced(const std::string& model, const std::string& id);
 
   // The session of `model`'s `id`, its idle clock restarted; NotFound naming the id when it has
   // none (never started, ended, or idle past the timeout).
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& model, const std::string& id);
 
-  // Ends the session of `model`'s `id`, if any.
-  void End(const std::string& model, const std::string& id);
+  // Ends `session`, if it is still the one under `model`'s `id` (a sequence_start may have
+  // given the id another since).
+  void End(const std::string& model, const std::string& id, const Session* session);
 
   // Sessions held now.
   size_t size() const;

@@ -170,6 +170,37 @@ std::vector<int64_t> Session::positions() const {
 
 absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done) {
   std::unique_lock lock(mu_);
+  if (busy_) {
+    waiting_.push_back({std::move(args), std::move(done)});
+    return absl::OkStatus();
+  }
+  busy_ = true;
+  absl::Status s = Begin(lock, std::move(args), std::move(done));
+  if (!s.ok()) NextTurn();  // to a step handed over meanwhile, if any
+  return s;
+}
+
+void Session::NextTurn() {
+  std::unique_lock lock(mu_);
+  while (!waiting_.empty()) {
+    Waiting next = std::move(waiting_.front());
+    waiting_.pop_front();
+    absl::Status s = Begin(lock, std::move(next.args), next.done);
+    if (s.ok()) return;
+    next.done(s);  // refused (nothing changed): answered so, and the next one's turn
+    lock.lock();
+  }
+  busy_ = false;
+}
+
+absl::Status Session::Begin(std::unique_lock<std::mutex>& lock, StepArgs args,
+                            std::function<void(absl::Status)> done) {
+  struct Unlock {  // every return leaves mu_ unlocked
+    std::unique_lock<std::mutex>& lock;
+    ~Unlock() {
+      if (lock.owns_lock()) lock.unlock();
+    }
+  } unlock{lock};
   const int64_t batch = this->batch();
   if (static_cast<int64_t>(args.tokens.size()) != batch) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -205,7 +236,10 @@ absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done
     if (kind_ == core::AttentionKind::kCausal) caches_[b]->Rewind(kept[b]);
   }
   lock.unlock();  // the run may start (and answer) before Submit returns
-  queue_->Submit(this, std::move(args), std::move(done));
+  queue_->Submit(this, std::move(args), [this, done = std::move(done)](absl::Status status) {
+    NextTurn();  // first: the answer may end the session (a waiting step holds it alive)
+    done(status);
+  });
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -56,7 +57,9 @@ StepArgs MakeStepArgs(const core::RaggedBatch& input, std::span<float> output,
 class SessionManager;
 
 // One decode session: a model (held as long as the session lives), a causal kind, B sequences.
-// Not thread safe for its caller: one step at a time, the next after the previous one's answer.
+// Its steps run one at a time, in the order they were handed over: a step handed over while
+// another is queued or running waits for its answer (a client may send a sequence's requests
+// without waiting for the answers, as Triton's sequence batcher allows).
 class Session {
  public:
   ~Session();
@@ -78,6 +81,8 @@ class Session {
   // called. Otherwise the step is queued for the model's compute and `done` runs once with its
   // answer, on the compute thread, or before Step returns when it ran inline on this thread
   // (DecodeQueue::Submit); positions() then include it.
+  // While another step of the session is queued or running, the step waits its turn and Step
+  // returns OK: it is checked when its turn comes, and `done` then gets its answer or refusal.
   absl::Status Step(StepArgs args, std::function<void(absl::Status)> done);
 
   // Takes a queued step back (its stream ended): `done` runs at once with `why`. A step already
@@ -93,6 +98,19 @@ class Session {
   // Reserves room in every sequence for `lengths`; ResourceExhausted (and nothing kept) when the
   // budget cannot take it.
   absl::Status ReserveAll(const std::vector<int64_t>& lengths);
+  // Checks, reserves and queues the step whose turn it is (busy_ set); unlocks `lock`. On a
+  // refusal nothing changed, busy_ is still set and `done` was not called.
+  absl::Status Begin(std::unique_lock<std::mutex>& lock, StepArgs args,
+                     std::function<void(absl::Status)> done);
+  // A step is answered: the next waiting one that is taken begins (the refused are answered
+  // so), else the session is idle again. Before the step's own answer, which may end the
+  // session.
+  void NextTurn();
+
+  struct Waiting {
+    StepArgs args;
+    std::function<void(absl::Status)> done;
+  };
 
   SessionManager* const manager_;
   // Guards the sequences' state below between the frontend's thread (Step) and the compute
@@ -109,6 +127,9 @@ class Session {
   std::vector<std::unique_ptr<core::KvSequence>> contexts_;  // kCausalCross: the context's
   // kCausalCross until its first run: the context rows, projected there.
   std::vector<std::vector<float>> pending_context_;
+  // A step is queued or running; the steps handed over meanwhile, in order.
+  bool busy_ = false;
+  std::deque<Waiting> waiting_;
 };
 
 // Opens sessions within the process's limits: the KV cache budget and the session count.

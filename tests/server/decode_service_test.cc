@@ -623,6 +623,129 @@ TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
   EXPECT_EQ(SessionMessages("demo", "NOT_FOUND"), 1);
 }
 
+// Requests of one sequence sent without waiting for each other's answers run one at a time, in
+// the order they came (as Triton's sequence batcher takes them): a step that arrives while
+// another of its sequence runs waits for it, and the sequence then holds both.
+TEST_F(DecodeServiceTest, StepsOfASequenceSentAtOnceRunOneAtATime) {
+  ServerOptions options;
+  options.max_session_tokens = 8192;
+  Restart(options);
+  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  auto call = [&](const inference::ModelInferRequest& request,
+                  inference::ModelInferResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return infer->ModelInfer(&context, request, response);
+  };
+  constexpr int64_t kLong = 2000;  // 8 runs of 256 tokens: the short step comes while they run
+  const std::vector<float> prompt = LongPrompt(kLong + 6);
+  // The last row of the sequence in either order the two steps could take, from Decode streams.
+  std::vector<float> short_first(prompt.begin(), prompt.begin() + 4 * kWidth);
+  short_first.insert(short_first.end(), prompt.begin() + (kLong + 4) * kWidth,
+                     prompt.begin() + (kLong + 5) * kWidth);
+  short_first.insert(short_first.end(), prompt.begin() + 4 * kWidth,
+                     prompt.begin() + (kLong + 4) * kWidth);
+  short_first.insert(short_first.end(), prompt.begin() + (kLong + 5) * kWidth, prompt.end());
+  std::vector<std::vector<float>> last_rows;
+  const std::vector<const std::vector<float>*> orders = {&prompt, &short_first};
+  for (const std::vector<float>* order : orders) {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = Open(&context);
+    v1::DecodeRequest whole = StepOf({order->data()}, {0}, {kLong + 6}, kWidth);
+    whole.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    const std::vector<float> out = TensorValues(Exchange(*stream, whole).output());
+    ASSERT_EQ(out.size(), static_cast<size_t>((kLong + 6) * kWidth));
+    last_rows.emplace_back(out.end() - kWidth, out.end());
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  for (uint64_t id = 1; id <= 3; ++id) {
+    inference::ModelInferResponse response;
+    ASSERT_TRUE(call(SequenceRequest(prompt, 0, 4, id, true, false), &response).ok());
+    const double tokens_before = Counter("attnserve_decode_tokens_total");
+    grpc::Status long_status;
+    inference::ModelInferResponse long_response;
+    std::thread long_step([&] {
+      long_status = call(SequenceRequest(prompt, 4, kLong, id, false, false), &long_response);
+    });
+    // Once the long step has begun to run, the short one is sent.
+    for (int i = 0; i < 5000 && Counter("attnserve_decode_tokens_total") == tokens_before; ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    inference::ModelInferResponse short_response;
+    const grpc::Status short_status =
+        call(SequenceRequest(prompt, kLong + 4, 1, id, false, false), &short_response);
+    long_step.join();
+    ASSERT_TRUE(long_status.ok()) << long_status.error_message();
+    ASSERT_TRUE(short_status.ok()) << short_status.error_message();
+    ASSERT_TRUE(call(SequenceRequest(prompt, kLong + 5, 1, id, false, true), &response).ok());
+    const std::vector<float> last = RawOutput(response);
+    ASSERT_EQ(last.size(), static_cast<size_t>(kWidth));
+    bool matches_an_order = false;
+    for (const std::vector<float>& want : last_rows) {
+      bool same = true;
+      for (int64_t k = 0; k < kWidth; ++k) same = same && std::abs(last[k] - want[k]) < 1e-4f;
+      matches_an_order = matches_an_order || same;
+    }
+    EXPECT_TRUE(matches_an_order) << "sequence " << id << " holds neither order of its steps";
+  }
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+}
+
+// A sequence_start on an id in use gives the id a new session: the old session's last step,
+// answered later, ends only the old one. And a sequence_start whose step is refused changes
+// nothing: the session the id had goes on.
+TEST_F(DecodeServiceTest, ASequenceStartTakesTheIdOverOnlyOnceItsStepIsTaken) {
+  ServerOptions options;
+  options.max_session_tokens = 4096;
+  Restart(options);
+  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  auto call = [&](const inference::ModelInferRequest& request,
+                  inference::ModelInferResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return infer->ModelInfer(&context, request, response);
+  };
+  const std::vector<float> prompt = LongPrompt(4097);
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(call(SequenceRequest(prompt, 0, 4, 5, true, false), &response).ok());
+  const double tokens_before = Counter("attnserve_decode_tokens_total");
+  grpc::Status last_status;
+  std::thread last_step([&] {
+    inference::ModelInferResponse last_response;
+    last_status = call(SequenceRequest(prompt, 4, 2000, 5, false, true), &last_response);
+  });
+  for (int i = 0; i < 5000 && Counter("attnserve_decode_tokens_total") == tokens_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // While the old session's last step runs, the id starts over.
+  ASSERT_TRUE(call(SequenceRequest(sequence_, 0, 4, 5, true, false), &response).ok());
+  last_step.join();
+  ASSERT_TRUE(last_status.ok()) << last_status.error_message();
+  grpc::Status next = call(SequenceRequest(sequence_, 4, 1, 5, false, false), &response);
+  ASSERT_TRUE(next.ok()) << next.error_message();
+
+  // A refused sequence_start (past --max-session-tokens) leaves the id's session as it was.
+  const grpc::Status refused =
+      call(SequenceRequest(prompt, 0, 4097, 5, true, false), &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  next = call(SequenceRequest(sequence_, 5, 1, 5, false, true), &response);
+  ASSERT_TRUE(next.ok()) << next.error_message();
+  // Its output is the row of the new session's sixth token: it held 5 before.
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest whole = Tokens(0, 6);
+  whole.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const std::vector<float> want = TensorValues(Exchange(*stream, whole).output());
+  const std::vector<float> got = RawOutput(response);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kWidth));
+  for (int64_t k = 0; k < kWidth; ++k) ASSERT_NEAR(got[k], want[5 * kWidth + k], 1e-4f) << k;
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
 TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheStream) {
   auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
   grpc::ClientContext context;

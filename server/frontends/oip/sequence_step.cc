@@ -63,18 +63,24 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   const bool end = request.params.end;
   const std::string id = request.params.id, model = session_->version()->name;
   SequenceTable* table = table_;
-  if (opened) table_->Start(id, session_);
+  // A sequence_start takes the id over (its old session ends) once its step is taken.
+  std::shared_ptr<Session> replaced;
+  if (opened) replaced = table_->Start(id, session_);
   absl::Status refused =
       session_->Step(std::move(args), [this, end, id, model, table, done](absl::Status status) {
-        // The sequence ends once its last step is answered; its cache goes with it.
+        // The sequence ends once its last step is answered; its cache goes with it. A refused
+        // or failed last step leaves it as it was.
+        if (end && status.ok()) table->End(model, id, session_.get());
         session_.reset();
-        if (end) table->End(model, id);
         done(status);
       });
   if (!refused.ok()) {
-    if (opened) table_->End(model, id);
+    if (opened) table_->Restore(id, session_.get(), std::move(replaced));
+    session_.reset();
     done(refused);
+    return;
   }
+  if (replaced != nullptr) table_->Replaced(model, id);
 }
 
 }  // namespace attnserve::server
