@@ -30,18 +30,6 @@ std::shared_ptr<Session> SequenceTable::Start(const std::string& id,
   return old;
 }
 
-void SequenceTable::Restore(const std::string& id, const Session* started,
-                            std::shared_ptr<Session> old) {
-  std::lock_guard lock(mu_);
-  auto it = entries_.find(Key(started->version()->name, id));
-  if (it == entries_.end() || it->second.session.get() != started) return;
-  if (old != nullptr) {
-    it->second.session = std::move(old);
-  } else {
-    entries_.erase(it);
-  }
-}
-
 void SequenceTable::Replaced(const std::string& model, const std::string& id) {
   {
     std::lock_guard lock(mu_);

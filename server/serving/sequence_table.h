@@ -30,9 +30,6 @@ class SequenceTable {
   // Keeps `session` under its model's name and `id`; returns the session they had, if any (it
   // ends when the caller lets go of it: Replaced then logs so).
   std::shared_ptr<Session> Start(const std::string& id, std::shared_ptr<Session> session);
-  // Puts `old` back under `started`'s model and `id` (nothing there when null), if `started`
-  // is still there: its first step was refused, and a refused step changes nothing.
-  void Restore(const std::string& id, const Session* started, std::shared_ptr<Session> old);
   // Logs that a sequence_start ended the session `id` had (at most once a second).
   void Replaced(const std::string& model, const std::string& id);
 

@@ -14,6 +14,8 @@ namespace {
 // What one sequence of a session holds beside its cache's blocks (twice that for a causal cross
 // sequence, which has two caches), rounded up from the ~117 bytes measured.
 constexpr int64_t kSequenceBookkeepingBytes = 128;
+// Steps of one session that may wait for their turn (each holds its request's buffers).
+constexpr size_t kMaxWaitingSteps = 64;
 
 }  // namespace
 
@@ -171,6 +173,11 @@ std::vector<int64_t> Session::positions() const {
 absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done) {
   std::unique_lock lock(mu_);
   if (busy_) {
+    if (waiting_.size() >= kMaxWaitingSteps) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the session has ", kMaxWaitingSteps,
+          " steps waiting for their turn: send a sequence's steps after their answers"));
+    }
     waiting_.push_back({std::move(args), std::move(done)});
     return absl::OkStatus();
   }

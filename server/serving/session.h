@@ -83,6 +83,7 @@ class Session {
   // (DecodeQueue::Submit); positions() then include it.
   // While another step of the session is queued or running, the step waits its turn and Step
   // returns OK: it is checked when its turn comes, and `done` then gets its answer or refusal.
+  // Past 64 steps waiting, ResourceExhausted.
   absl::Status Step(StepArgs args, std::function<void(absl::Status)> done);
 
   // Takes a queued step back (its stream ended): `done` runs at once with `why`. A step already

@@ -45,8 +45,8 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
         absl::InvalidArgumentError(absl::StrCat("a sequence_id of at most ", kMaxSequenceIdBytes,
                                                 " bytes, not ", request.params.id.size() - 2)));
   }
-  // A refused step changes nothing: a sequence it would start is registered only once its step
-  // is taken.
+  // A refused step changes nothing: a sequence it would start is kept under its id only once
+  // its step is answered.
   bool opened = false;
   absl::StatusOr<std::shared_ptr<Session>> session = SessionFor(request, &opened);
   if (!session.ok()) return done(session.status());
@@ -62,25 +62,27 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   StepArgs args = MakeStepArgs(input, buffers->output, shapes.output_width);
   const bool end = request.params.end;
   const std::string id = request.params.id, model = session_->version()->name;
-  SequenceTable* table = table_;
-  // A sequence_start takes the id over (its old session ends) once its step is taken.
-  std::shared_ptr<Session> replaced;
-  if (opened) replaced = table_->Start(id, session_);
-  absl::Status refused =
-      session_->Step(std::move(args), [this, end, id, model, table, done](absl::Status status) {
-        // The sequence ends once its last step is answered; its cache goes with it. A refused
-        // or failed last step leaves it as it was.
-        if (end && status.ok()) table->End(model, id, session_.get());
+  // Once Step has taken the step, its answer may come on another thread at any time, and with
+  // it the end of this object (a stream's next message): what follows the answer is the
+  // callback's alone.
+  absl::Status refused = session_->Step(
+      std::move(args), [this, opened, end, id, model, done](absl::Status status) {
+        std::shared_ptr<Session> replaced;
+        if (status.ok()) {
+          // A sequence_start takes the id over (the session it had ends) with its first
+          // answer, before the client can send the next step; the sequence ends with its last.
+          if (opened) replaced = table_->Start(id, session_);
+          if (end) table_->End(model, id, session_.get());
+        }
         session_.reset();
+        if (replaced != nullptr) table_->Replaced(model, id);
+        replaced.reset();
         done(status);
       });
   if (!refused.ok()) {
-    if (opened) table_->Restore(id, session_.get(), std::move(replaced));
     session_.reset();
     done(refused);
-    return;
   }
-  if (replaced != nullptr) table_->Replaced(model, id);
 }
 
 }  // namespace attnserve::server
