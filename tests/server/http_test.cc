@@ -554,6 +554,20 @@ TEST_F(HttpTest, RefusalsHaveTheirStatusAndAnErrorMessage) {
                   {"Inference-Header-Content-Length: " + std::to_string(SmallCall().size())})
                 .status,
             400);  // binary bytes no input claims
+  // Binary lengths whose shape's bytes overflow (2^62 INT32 elements, none sent): 400, as a
+  // one-shot call and as a sequence step.
+  std::string zeros = "0";
+  for (int i = 1; i < 256; ++i) zeros += ",0";
+  for (const char* parameters : {"{}", R"({"sequence_id":1,"sequence_start":true})"}) {
+    const std::string huge = absl::StrCat(
+        R"({"parameters":)", parameters,
+        R"(,"inputs":[{"name":"input","datatype":"FP32","shape":[1,1,256],"data":[)", zeros,
+        R"(]},{"name":"lengths","datatype":"INT32","shape":[4611686018427387904],)",
+        R"("parameters":{"binary_data_size":0}}]})");
+    const HttpReply reply =
+        Infer(huge, {"Inference-Header-Content-Length: " + std::to_string(huge.size())});
+    EXPECT_EQ(reply.status, 400) << parameters << ": " << reply.body;
+  }
   EXPECT_EQ(Infer(SmallCall(), json).status, 200);
 }
 

@@ -565,6 +565,11 @@ std::vector<BadInfer> BadInfers() {
       {"lengths raw size does not match shape",
        with([](auto& r) { r.mutable_raw_input_contents(1)->append(4, '\0'); }),
        StatusCode::INVALID_ARGUMENT, "'lengths'"},
+      {"lengths shape whose bytes overflow (2^62 INT32, none sent)", with([](auto& r) {
+         r.mutable_inputs(1)->set_shape(0, int64_t{1} << 62);
+         r.mutable_raw_input_contents(1)->clear();
+       }),
+       StatusCode::INVALID_ARGUMENT, "'lengths'"},
       {"lengths count is not B", with([](auto& r) {
          r.mutable_inputs(1)->set_shape(0, 3);
          r.mutable_raw_input_contents(1)->append(4, '\0');

@@ -440,7 +440,9 @@ absl::StatusOr<std::span<const int32_t>> LengthsData(const InputData& source,
                                                      std::vector<int32_t>* copy) {
   const JsonInput& input = *source.input;
   if (source.json) return std::span<const int32_t>(*copy);
-  if (static_cast<int64_t>(input.bytes.size()) != input.shape[0] * 4) {
+  // (Divided, not multiplied: a shape of 2^62 elements times 4 wraps to 0 bytes.)
+  if (input.shape[0] < 0 || input.bytes.size() % 4 != 0 ||
+      static_cast<int64_t>(input.bytes.size() / 4) != input.shape[0]) {
     return Invalid(input.name, absl::StrCat("binary_data_size is ", input.bytes.size(),
                                             " bytes for ", input.shape[0], " INT32 elements"));
   }

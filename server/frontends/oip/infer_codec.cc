@@ -133,10 +133,11 @@ absl::StatusOr<std::span<const int32_t>> LengthsData(const TensorSource& source,
     }
     return std::span<const int32_t>(contents.int_contents().data(), count);
   }
-  if (static_cast<int64_t>(source.raw->size()) != count * 4) {
-    return Invalid(tensor.name(),
-                   absl::StrCat("raw_input_contents holds ", source.raw->size(), " bytes for ",
-                                count, " INT32 elements (", count * 4, " bytes)"));
+  // (Divided, not multiplied: a shape of 2^62 elements times 4 wraps to 0 bytes.)
+  if (count < 0 || source.raw->size() % 4 != 0 ||
+      static_cast<int64_t>(source.raw->size() / 4) != count) {
+    return Invalid(tensor.name(), absl::StrCat("raw_input_contents holds ", source.raw->size(),
+                                               " bytes for ", count, " INT32 elements"));
   }
   copy->resize(count);
   std::memcpy(copy->data(), source.raw->data(), source.raw->size());
