@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/guarded.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "server/frontends/grpc_status.h"
 #include "server/frontends/raw_call.h"
@@ -71,7 +72,11 @@ ProtoSequenceStep::ProtoSequenceStep(Admission* admission, SequenceTable* table,
 }
 
 void ProtoSequenceStep::Run(std::function<void(absl::Status)> done) {
-  if (absl::Status s = DecodeInferRequest(*request_, &decoded_); !s.ok()) return done(s);
+  // Nothing may escape to gRPC: a stream's message would go unanswered (as Admission guards a
+  // one-shot call's decoding).
+  absl::Status s = core::Guarded("cannot take the step", absl::StatusCode::kInternal,
+                                 [&] { return DecodeInferRequest(*request_, &decoded_); });
+  if (!s.ok()) return done(s);
   step_.Run(step_request_, std::move(done));
 }
 
