@@ -239,6 +239,18 @@ absl::Status ModelRegistry::Reconcile(const std::string& name,
       return absl::FailedPreconditionError(absl::StrCat(
           "model '", name, "' is given by --model: it is always loaded and not managed here"));
     }
+    // A policy that names no version there (a typo in a rollback) is a broken config: it
+    // changes nothing, as Triton refuses it. And an asked-for load finds a version to load.
+    std::vector<int64_t> available;
+    for (const VersionFile& file : dir->versions) available.push_back(file.version);
+    if (!available.empty() && WantedVersions(config->policy, available).empty()) {
+      const absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
+          "model '", name, "': its version_policy names no version in ", options_.repository,
+          "/", name, " (there: ", absl::StrJoin(available, ", "), ")"));
+      ConfigFailedLocked(*model, override ? "" : dir->config_stamp, refused);
+      return refused;
+    }
+    if (available.empty() && !polling) return NoVersions(name);
     model->config_error.clear();
     model->config_stamp = dir->config_stamp;
     if (absl::Status s = PlanLocked(*model, *dir, *config, !polling, &plan); !s.ok()) return s;
@@ -333,7 +345,9 @@ absl::Status ModelRegistry::Publish(ServedModel& model, const RepositoryModelCon
   for (auto& [version, handle] : loaded) {
     Log(LogLevel::kInfo, "model version ready", SummaryFields(handle->summary));
   }
-  model.scheduler->SetMaxQueue(config.max_queue.value_or(options_.scheduler.max_queue));
+  if (errors.empty()) {  // a load that failed changes nothing, its queue bound included
+    model.scheduler->SetMaxQueue(config.max_queue.value_or(options_.scheduler.max_queue));
+  }
   // attnserve_model_info describes the newest ready version; a poll that changes nothing leaves
   // the series alone.
   if (!model.ready.empty() && model.ready.back() != newest_before) {
@@ -344,12 +358,14 @@ absl::Status ModelRegistry::Publish(ServedModel& model, const RepositoryModelCon
     return absl::InvalidArgumentError(
         absl::StrCat("model '", model.name, "': ", absl::StrJoin(errors, "; ")));
   }
-  if (plan.no_versions) {
-    return absl::NotFoundError(absl::StrCat("model '", model.name, "' has no version in ",
-                                            options_.repository, "/", model.name,
-                                            " (VERSION/model.safetensors)"));
-  }
+  if (plan.no_versions) return NoVersions(model.name);
   return absl::OkStatus();
+}
+
+absl::Status ModelRegistry::NoVersions(const std::string& name) const {
+  return absl::NotFoundError(absl::StrCat("model '", name, "' has no version in ",
+                                          options_.repository, "/", name,
+                                          " (VERSION/model.safetensors)"));
 }
 
 void ModelRegistry::RetireLocked(ServedModel& model, const VersionHandle& version,
@@ -364,7 +380,12 @@ void ModelRegistry::RetireLocked(ServedModel& model, const VersionHandle& versio
 void ModelRegistry::ConfigFailed(const std::string& name, const std::string& stamp,
                                  const absl::Status& why) {
   std::lock_guard lock(mu_);
-  ServedModel& model = ModelLocked(name);
+  ConfigFailedLocked(ModelLocked(name), stamp, why);
+}
+
+void ModelRegistry::ConfigFailedLocked(ServedModel& model, const std::string& stamp,
+                                       const absl::Status& why) {
+  const std::string& name = model.name;
   const bool again = !stamp.empty() && model.config_stamp == stamp && !model.config_error.empty();
   model.config_stamp = stamp;
   model.config_error = std::string(why.message());

@@ -145,6 +145,9 @@ class ModelRegistry {
   absl::Status Unload(const std::string& name);
   void RetireLocked(ServedModel& model, const VersionHandle& version, const std::string& why);
   void ConfigFailed(const std::string& name, const std::string& stamp, const absl::Status& why);
+  void ConfigFailedLocked(ServedModel& model, const std::string& stamp, const absl::Status& why);
+  // NotFound: `name` has no version file in the repository.
+  absl::Status NoVersions(const std::string& name) const;
   void Poll();
   void Loop();
   // Marks versions whose last holder let go as UNAVAILABLE.

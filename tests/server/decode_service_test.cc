@@ -640,12 +640,14 @@ TEST_F(DecodeServiceTest, StepsOfASequenceSentAtOnceRunOneAtATime) {
   constexpr int64_t kLong = 2000;  // 8 runs of 256 tokens: the short step comes while they run
   const std::vector<float> prompt = LongPrompt(kLong + 6);
   // The last row of the sequence in either order the two steps could take, from Decode streams.
-  std::vector<float> short_first(prompt.begin(), prompt.begin() + 4 * kWidth);
-  short_first.insert(short_first.end(), prompt.begin() + (kLong + 4) * kWidth,
-                     prompt.begin() + (kLong + 5) * kWidth);
-  short_first.insert(short_first.end(), prompt.begin() + 4 * kWidth,
-                     prompt.begin() + (kLong + 4) * kWidth);
-  short_first.insert(short_first.end(), prompt.begin() + (kLong + 5) * kWidth, prompt.end());
+  std::vector<float> short_first;
+  auto append = [&](int64_t from, int64_t to) {  // tokens [from, to) of the prompt
+    for (int64_t i = from * kWidth; i < to * kWidth; ++i) short_first.push_back(prompt[i]);
+  };
+  append(0, 4);
+  append(kLong + 4, kLong + 5);
+  append(4, kLong + 4);
+  append(kLong + 5, kLong + 6);
   std::vector<std::vector<float>> last_rows;
   const std::vector<const std::vector<float>*> orders = {&prompt, &short_first};
   for (const std::vector<float>* order : orders) {

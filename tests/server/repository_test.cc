@@ -549,6 +549,35 @@ TEST(RepositoryTest, ABrokenNewVersionLeavesTheServingOneUntouched) {
   EXPECT_EQ(client.Versions("m"), (States{{2, kReady}}));
 }
 
+// A load that would leave the model no version changes nothing: a version policy that names no
+// version there (a typo in a rollback) is a refused config, and a model whose version files are
+// gone has nothing to load. The serving version goes on.
+TEST(RepositoryTest, ALoadThatWouldLeaveNoVersionChangesNothing) {
+  Repo repo;
+  repo.AddVersion("m", 1, kWeightsA);
+  repo.AddVersion("m", 2, kWeightsB);
+  ServerOptions options = RepoOptions(repo, ControlMode::kExplicit);
+  options.load_models = {"m"};
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  Client client(server->port());
+  ASSERT_EQ(client.Versions("m"), (States{{2, kReady}}));
+  const grpc::Status typo = client.Load("m", R"({"version_policy": {"specific": {"versions": [3]}}})");
+  EXPECT_EQ(typo.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(typo.error_message(), "names no version")) << typo.error_message();
+  EXPECT_TRUE(absl::StrContains(typo.error_message(), "(there: 1, 2)")) << typo.error_message();
+  EXPECT_EQ(client.Versions("m"), (States{{2, kReady}}));
+  std::vector<float> out;
+  ASSERT_TRUE(client.Forward("m", 0, &out).ok());
+  EXPECT_TRUE(Near(out, Expected(kWeightsB, 8)));
+  fs::remove_all(fs::path(repo.dir()) / "m" / "1");
+  fs::remove_all(fs::path(repo.dir()) / "m" / "2");
+  EXPECT_EQ(client.Load("m").error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(client.Versions("m"), (States{{2, kReady}}));
+  ASSERT_TRUE(client.Forward("m", 0, &out).ok());
+  EXPECT_TRUE(Near(out, Expected(kWeightsB, 8)));
+}
+
 TEST(RepositoryTest, ModelFlagsAreVersionOneAndStayLoaded) {
   Repo repo;
   repo.AddVersion("m", 4, kWeightsB);
