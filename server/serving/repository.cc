@@ -224,10 +224,11 @@ absl::StatusOr<std::vector<std::string>> ListRepositoryModels(const std::string&
         absl::StrCat("--model-repository ", dir, ": not a directory we can read"));
   }
   std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
+  // (Stepped with an error code: the range-for's ++ throws on a read error.)
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
     std::error_code ignored;
-    if (entry.is_directory(ignored) && entry.path().filename().string()[0] != '.') {
-      names.push_back(entry.path().filename().string());
+    if (it->is_directory(ignored) && it->path().filename().string()[0] != '.') {
+      names.push_back(it->path().filename().string());
     }
   }
   if (error) {
@@ -240,12 +241,23 @@ absl::StatusOr<std::vector<std::string>> ListRepositoryModels(const std::string&
 absl::StatusOr<ModelDir> ScanModelDir(const std::string& dir, const std::string& name) {
   const fs::path root = fs::path(dir) / name;
   std::error_code error;
-  if (!fs::is_directory(root, error)) {
+  const fs::file_status status = fs::status(root, error);
+  // Only a directory that is not there is a model that is not there: a directory that cannot be
+  // read now (out of descriptors, an I/O error) is an error, not a model without versions, which
+  // a poll would unload.
+  auto unreadable = [&] {
+    return absl::UnavailableError(
+        absl::StrCat("the repository's ", root.string(), " cannot be read: ", error.message()));
+  };
+  if (status.type() == fs::file_type::not_found ||
+      (!error && status.type() != fs::file_type::directory)) {
     return absl::NotFoundError(absl::StrCat("no model '", name, "' in the repository ", dir));
   }
+  if (error) return unreadable();
   ModelDir model;
   model.name = name;
-  for (const auto& entry : fs::directory_iterator(root, error)) {
+  for (fs::directory_iterator it(root, error), end; !error && it != end; it.increment(error)) {
+    const fs::directory_entry& entry = *it;
     const std::string entry_name = entry.path().filename().string();
     std::error_code ignored;
     int64_t version = 0;
@@ -261,6 +273,7 @@ absl::StatusOr<ModelDir> ScanModelDir(const std::string& dir, const std::string&
       model.ignored.push_back(entry.path().string());
     }
   }
+  if (error) return unreadable();
   std::sort(model.versions.begin(), model.versions.end(),
             [](const VersionFile& a, const VersionFile& b) { return a.version < b.version; });
   return model;

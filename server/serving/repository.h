@@ -78,7 +78,8 @@ struct ModelDir {
 // The model names of `dir` (its subdirectories), sorted. NotFound when `dir` is not a directory.
 absl::StatusOr<std::vector<std::string>> ListRepositoryModels(const std::string& dir);
 
-// Reads DIR/NAME's layout (no file contents). NotFound when DIR/NAME is not a directory.
+// Reads DIR/NAME's layout (no file contents). NotFound when DIR/NAME is not a directory;
+// Unavailable when it cannot be read now (out of descriptors, an I/O error).
 absl::StatusOr<ModelDir> ScanModelDir(const std::string& dir, const std::string& name);
 
 // Reads a whole (small) text file, e.g. config.json.

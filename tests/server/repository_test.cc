@@ -10,9 +10,13 @@
 #include "server/serving/repository.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -255,6 +259,34 @@ TEST(RepositoryConfigTest, TheSchemaAndItsErrors) {
               absl::StatusCode::kInvalidArgument)
         << bad;
   }
+}
+
+// A model directory that cannot be read now is an error, not a model without versions (which a
+// poll would unload): here every file descriptor the process may have is in use.
+TEST(RepositoryScanTest, AModelDirThatCannotBeReadIsAnErrorNotAnEmptyModel) {
+  Repo repo;
+  repo.AddVersion("m", 1, kWeightsA);
+  ASSERT_TRUE(ScanModelDir(repo.dir(), "m").ok());
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  int highest = 0;
+  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
+    highest = std::max(highest, std::stoi(entry.path().filename().string()));
+  }
+  rlimit tight = old;
+  tight.rlim_cur = highest + 1;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  std::vector<int> filled;  // the free numbers below the limit
+  for (int fd; (fd = open("/dev/null", O_RDONLY)) >= 0;) filled.push_back(fd);
+  const absl::StatusOr<ModelDir> scanned = ScanModelDir(repo.dir(), "m");
+  const absl::StatusOr<std::vector<std::string>> listed = ListRepositoryModels(repo.dir());
+  for (int fd : filled) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_EQ(scanned.status().code(), absl::StatusCode::kUnavailable) << scanned.status();
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kUnavailable) << listed.status();
+  ASSERT_TRUE(ScanModelDir(repo.dir(), "m").ok());
+  EXPECT_EQ(ScanModelDir(repo.dir(), "m")->versions.size(), 1u);
+  EXPECT_EQ(ScanModelDir(repo.dir(), "absent").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(AdminAuthTest, LoopbackPeers) {
