@@ -199,6 +199,20 @@ class DecodeServiceTest : public ::testing::Test {
     return stream;
   }
 
+  // The output row of the sequence's token at `position` (after the tokens before it), from a
+  // Decode stream of its first position + 1 tokens.
+  std::vector<float> RowOfTheSequence(int64_t position) {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = Open(&context);
+    v1::DecodeRequest first = Tokens(0, position + 1);
+    first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    const std::vector<float> all = TensorValues(Exchange(*stream, first).output());
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+    if (all.size() != static_cast<size_t>((position + 1) * kWidth)) return {};
+    return {all.end() - kWidth, all.end()};
+  }
+
   double Counter(const std::string& name) { return Gauge(name); }
 
   double Gauge(const std::string& name) { return Sample(name, {{"model", "demo"}}); }
@@ -735,16 +749,10 @@ TEST_F(DecodeServiceTest, ASequenceStartTakesTheIdOverOnlyOnceItsStepIsTaken) {
   next = call(SequenceRequest(sequence_, 5, 1, 5, false, true), &response);
   ASSERT_TRUE(next.ok()) << next.error_message();
   // Its output is the row of the new session's sixth token: it held 5 before.
-  grpc::ClientContext context;
-  std::unique_ptr<Stream> stream = Open(&context);
-  v1::DecodeRequest whole = Tokens(0, 6);
-  whole.set_kind(v1::ATTENTION_KIND_CAUSAL);
-  const std::vector<float> want = TensorValues(Exchange(*stream, whole).output());
+  const std::vector<float> want = RowOfTheSequence(5);
   const std::vector<float> got = RawOutput(response);
-  ASSERT_EQ(got.size(), static_cast<size_t>(kWidth));
-  for (int64_t k = 0; k < kWidth; ++k) ASSERT_NEAR(got[k], want[5 * kWidth + k], 1e-4f) << k;
-  stream->WritesDone();
-  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) ASSERT_NEAR(got[k], want[k], 1e-4f) << k;
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
@@ -972,16 +980,10 @@ TEST_F(DecodeServiceTest, ALongRequestIdDoesNotHideTheSequenceParameters) {
   const grpc::Status next = call(SequenceRequest(sequence_, 10, 1, 8, false, true), &response);
   ASSERT_TRUE(next.ok()) << next.error_message();
   // The step's row is the 11th of the sequence, not the first of a call of its own.
-  grpc::ClientContext context;
-  std::unique_ptr<Stream> stream = Open(&context);
-  v1::DecodeRequest first = Tokens(0, 11);
-  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
-  const std::vector<float> want = TensorValues(Exchange(*stream, first).output());
+  const std::vector<float> want = RowOfTheSequence(10);
   const std::vector<float> got = RawOutput(response);
-  ASSERT_EQ(got.size(), static_cast<size_t>(kWidth));
-  for (int64_t i = 0; i < kWidth; ++i) ASSERT_NEAR(got[i], want[10 * kWidth + i], 1e-4f) << i;
-  stream->WritesDone();
-  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
 }
 
 // Each model has its own sequence ids: sequence 7 of one model is not sequence 7 of another.
