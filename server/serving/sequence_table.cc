@@ -55,8 +55,7 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& 
   return it->second.session;
 }
 
-void SequenceTable::End(const std::string& model, const std::string& id,
-                        const Session* session) {
+void SequenceTable::End(const std::string& model, const std::string& id, const Session* session) {
   std::shared_ptr<Session> ended;
   std::lock_guard lock(mu_);
   auto it = entries_.find(Key(model, id));

@@ -743,8 +743,7 @@ TEST_F(DecodeServiceTest, ASequenceStartTakesTheIdOverOnlyOnceItsStepIsTaken) {
   ASSERT_TRUE(next.ok()) << next.error_message();
 
   // A refused sequence_start (past --max-session-tokens) leaves the id's session as it was.
-  const grpc::Status refused =
-      call(SequenceRequest(prompt, 0, 4097, 5, true, false), &response);
+  const grpc::Status refused = call(SequenceRequest(prompt, 0, 4097, 5, true, false), &response);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
   next = call(SequenceRequest(sequence_, 5, 1, 5, false, true), &response);
   ASSERT_TRUE(next.ok()) << next.error_message();

@@ -65,8 +65,8 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   // Once Step has taken the step, its answer may come on another thread at any time, and with
   // it the end of this object (a stream's next message): what follows the answer is the
   // callback's alone.
-  absl::Status refused = session_->Step(
-      std::move(args), [this, opened, end, id, model, done](absl::Status status) {
+  absl::Status refused =
+      session_->Step(std::move(args), [this, opened, end, id, model, done](absl::Status status) {
         std::shared_ptr<Session> replaced;
         if (status.ok()) {
           // A sequence_start takes the id over (the session it had ends) with its first
