@@ -426,6 +426,15 @@ void Metrics::SetModelInfo(const ModelSummary& model) {
   model_info_[model.name] = &info;
 }
 
+void Metrics::ClearModelInfo(const std::string& model) {
+  if (!enabled_) return;
+  std::unique_lock lock(models_mu_);
+  if (auto it = model_info_.find(model); it != model_info_.end()) {
+    families_->model_info.Remove(it->second);
+    model_info_.erase(it);
+  }
+}
+
 absl::StatusOr<int> Metrics::Serve(const MetricsHttpOptions& http) {
   if (!enabled_) return absl::FailedPreconditionError("metrics are off");
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =

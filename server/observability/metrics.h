@@ -154,6 +154,8 @@ class Metrics {
   // Sets attnserve_model_info for a model (its newest ready version's shapes), replacing the
   // model's previous series.
   void SetModelInfo(const ModelSummary& model);
+  // `model` has no ready version: its attnserve_model_info series goes.
+  void ClearModelInfo(const std::string& model);
 
   // attnserve_model_state{model,version,state}: 1 for `state` (READY, LOADING, UNLOADING,
   // UNAVAILABLE), 0 for the others.

@@ -245,8 +245,8 @@ absl::Status ModelRegistry::Reconcile(const std::string& name,
     for (const VersionFile& file : dir->versions) available.push_back(file.version);
     if (!available.empty() && WantedVersions(config->policy, available).empty()) {
       const absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
-          "model '", name, "': its version_policy names no version in ", options_.repository,
-          "/", name, " (there: ", absl::StrJoin(available, ", "), ")"));
+          "model '", name, "': its version_policy names no version in ", options_.repository, "/",
+          name, " (there: ", absl::StrJoin(available, ", "), ")"));
       ConfigFailedLocked(*model, override ? "" : dir->config_stamp, refused);
       return refused;
     }
@@ -350,7 +350,9 @@ absl::Status ModelRegistry::Publish(ServedModel& model, const RepositoryModelCon
   }
   // attnserve_model_info describes the newest ready version; a poll that changes nothing leaves
   // the series alone.
-  if (!model.ready.empty() && model.ready.back() != newest_before) {
+  if (model.ready.empty()) {
+    reporter_->metrics().ClearModelInfo(model.name);
+  } else if (model.ready.back() != newest_before) {
     reporter_->metrics().SetModelInfo(model.ready.back()->summary);
   }
   PublishStateLocked(model);
@@ -409,6 +411,7 @@ absl::Status ModelRegistry::Unload(const std::string& name) {
   for (const VersionHandle& v : model->ready) RetireLocked(*model, v, "unloaded");
   model->ready.clear();
   model->unloaded = true;
+  reporter_->metrics().ClearModelInfo(name);
   PublishStateLocked(*model);
   return absl::OkStatus();
 }

@@ -401,6 +401,7 @@ TEST(RepositoryTest, ExplicitModeLoadsOnlyWhatIsAskedAndRollsBack) {
   repo.AddVersion("other", 1, kWeightsA);
   ServerOptions options = RepoOptions(repo, ControlMode::kExplicit);
   options.load_models = {"other"};
+  options.metrics_listen = "127.0.0.1:0";
   std::unique_ptr<Server> server = StartServer(options);
   ASSERT_NE(server, nullptr);
   Client client(server->port());
@@ -418,7 +419,20 @@ TEST(RepositoryTest, ExplicitModeLoadsOnlyWhatIsAskedAndRollsBack) {
   EXPECT_TRUE(Near(out, Expected(kWeightsA, 8)));
   ASSERT_TRUE(client.Load("m", R"({"version_policy": {"latest": {"num_versions": 2}}})").ok());
   EXPECT_EQ(client.Versions("m"), (States{{1, kReady}, {2, kReady}}));
+  // attnserve_model_info describes a model while it has a ready version, and only then.
+  auto info_series = [&] {
+    absl::StatusOr<std::map<std::string, double>> metrics = Scrape(server->metrics_port());
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    int series = 0;
+    for (const auto& [key, value] : *metrics) {
+      series +=
+          absl::StartsWith(key, "attnserve_model_info{") && absl::StrContains(key, "model=\"m\"");
+    }
+    return series;
+  };
+  EXPECT_EQ(info_series(), 1);
   ASSERT_TRUE(client.Unload("m").ok());
+  EXPECT_EQ(info_series(), 0);
   EXPECT_TRUE(client.Versions("m").empty());
   const grpc::Status gone = client.Forward("m", 0, nullptr);
   EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND);
@@ -594,7 +608,8 @@ TEST(RepositoryTest, ALoadThatWouldLeaveNoVersionChangesNothing) {
   ASSERT_NE(server, nullptr);
   Client client(server->port());
   ASSERT_EQ(client.Versions("m"), (States{{2, kReady}}));
-  const grpc::Status typo = client.Load("m", R"({"version_policy": {"specific": {"versions": [3]}}})");
+  const grpc::Status typo =
+      client.Load("m", R"({"version_policy": {"specific": {"versions": [3]}}})");
   EXPECT_EQ(typo.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(typo.error_message(), "names no version")) << typo.error_message();
   EXPECT_TRUE(absl::StrContains(typo.error_message(), "(there: 1, 2)")) << typo.error_message();
