@@ -20,26 +20,26 @@ SequenceTable::SequenceTable(std::chrono::milliseconds idle_timeout)
 
 SequenceTable::~SequenceTable() { reaper_.Stop(); }
 
-std::shared_ptr<Session> SequenceTable::Start(const std::string& id,
-                                              std::shared_ptr<Session> session) {
+void SequenceTable::Start(const std::string& id, std::shared_ptr<Session> session) {
   const std::string model = session->version()->name;
-  std::lock_guard lock(mu_);
-  Entry& entry = entries_[Key(model, id)];
-  std::shared_ptr<Session> old = std::move(entry.session);
-  entry = {std::move(session), Clock::now()};
-  return old;
-}
-
-void SequenceTable::Replaced(const std::string& model, const std::string& id) {
+  std::shared_ptr<Session> old;
+  bool log = false;
   {
     std::lock_guard lock(mu_);
-    // Once a second at most: clients restarting ids in a loop must not flood the log.
     const Clock::time_point now = Clock::now();
-    if (now - last_restart_log_ < std::chrono::seconds(1)) return;
-    last_restart_log_ = now;
+    Entry& entry = entries_[Key(model, id)];
+    old = std::move(entry.session);
+    entry = {std::move(session), now};
+    // Once a second at most: clients restarting ids in a loop must not flood the log.
+    if (old != nullptr && now - last_restart_log_ >= std::chrono::seconds(1)) {
+      last_restart_log_ = now;
+      log = true;
+    }
   }
-  Log(LogLevel::kInfo, "sequence_start on a sequence id in use: its session ended",
-      {{"model", model}, {"sequence_id", Clipped(id)}});
+  if (log) {
+    Log(LogLevel::kInfo, "sequence_start on a sequence id in use: its session ended",
+        {{"model", model}, {"sequence_id", Clipped(id)}});
+  }
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& model,

@@ -27,11 +27,9 @@ class SequenceTable {
   SequenceTable(const SequenceTable&) = delete;
   SequenceTable& operator=(const SequenceTable&) = delete;
 
-  // Keeps `session` under its model's name and `id`; returns the session they had, if any (it
-  // ends when the caller lets go of it: Replaced then logs so).
-  std::shared_ptr<Session> Start(const std::string& id, std::shared_ptr<Session> session);
-  // Logs that a sequence_start ended the session `id` had (at most once a second).
-  void Replaced(const std::string& model, const std::string& id);
+  // Keeps `session` under its model's name and `id`; a session they had ends (and the log says
+  // so, at most once a second).
+  void Start(const std::string& id, std::shared_ptr<Session> session);
 
   // The session of `model`'s `id`, its idle clock restarted; NotFound naming the id when it has
   // none (never started, ended, or idle past the timeout).

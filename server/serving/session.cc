@@ -182,9 +182,14 @@ absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done
     return absl::OkStatus();
   }
   busy_ = true;
-  absl::Status s = Begin(lock, std::move(args), std::move(done));
-  if (!s.ok()) NextTurn();  // to a step handed over meanwhile, if any
-  return s;
+  absl::Status s = Take(args);
+  lock.unlock();
+  if (!s.ok()) {
+    NextTurn();  // to a step handed over meanwhile, if any
+    return s;
+  }
+  Run(std::move(args), std::move(done));
+  return absl::OkStatus();
 }
 
 void Session::NextTurn() {
@@ -192,22 +197,24 @@ void Session::NextTurn() {
   while (!waiting_.empty()) {
     Waiting next = std::move(waiting_.front());
     waiting_.pop_front();
-    absl::Status s = Begin(lock, std::move(next.args), next.done);
-    if (s.ok()) return;
+    absl::Status s = Take(next.args);
+    lock.unlock();
+    if (s.ok()) return Run(std::move(next.args), std::move(next.done));
     next.done(s);  // refused (nothing changed): answered so, and the next one's turn
     lock.lock();
   }
   busy_ = false;
 }
 
-absl::Status Session::Begin(std::unique_lock<std::mutex>& lock, StepArgs args,
-                            std::function<void(absl::Status)> done) {
-  struct Unlock {  // every return leaves mu_ unlocked
-    std::unique_lock<std::mutex>& lock;
-    ~Unlock() {
-      if (lock.owns_lock()) lock.unlock();
-    }
-  } unlock{lock};
+void Session::Run(StepArgs args, std::function<void(absl::Status)> done) {
+  // The run may start (and answer) before Submit returns.
+  queue_->Submit(this, std::move(args), [this, done = std::move(done)](absl::Status status) {
+    NextTurn();  // first: the answer may end the session (a waiting step holds it alive)
+    done(status);
+  });
+}
+
+absl::Status Session::Take(const StepArgs& args) {
   const int64_t batch = this->batch();
   if (static_cast<int64_t>(args.tokens.size()) != batch) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -242,11 +249,6 @@ absl::Status Session::Begin(std::unique_lock<std::mutex>& lock, StepArgs args,
     positions_[b] = kept[b];
     if (kind_ == core::AttentionKind::kCausal) caches_[b]->Rewind(kept[b]);
   }
-  lock.unlock();  // the run may start (and answer) before Submit returns
-  queue_->Submit(this, std::move(args), [this, done = std::move(done)](absl::Status status) {
-    NextTurn();  // first: the answer may end the session (a waiting step holds it alive)
-    done(status);
-  });
   return absl::OkStatus();
 }
 

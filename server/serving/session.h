@@ -99,10 +99,11 @@ class Session {
   // Reserves room in every sequence for `lengths`; ResourceExhausted (and nothing kept) when the
   // budget cannot take it.
   absl::Status ReserveAll(const std::vector<int64_t>& lengths);
-  // Checks, reserves and queues the step whose turn it is (busy_ set); unlocks `lock`. On a
-  // refusal nothing changed, busy_ is still set and `done` was not called.
-  absl::Status Begin(std::unique_lock<std::mutex>& lock, StepArgs args,
-                     std::function<void(absl::Status)> done);
+  // Checks the step whose turn it is (busy_ set) against the session and its limits, and
+  // reserves its room; mu_ held. A refusal changes nothing.
+  absl::Status Take(const StepArgs& args);
+  // Queues a taken step for the model's compute; mu_ not held. Its answer passes the turn on.
+  void Run(StepArgs args, std::function<void(absl::Status)> done);
   // A step is answered: the next waiting one that is taken begins (the refused are answered
   // so), else the session is idle again. Before the step's own answer, which may end the
   // session.

@@ -176,6 +176,23 @@ class DecodeServiceTest : public ::testing::Test {
     server_ = StartServer(options);
     ASSERT_NE(server_, nullptr);
     stub_ = v1::AttentionService::NewStub(Connect(server_->port()));
+    infer_ = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  }
+
+  // A ModelInfer call (a sequence step) on the test's server.
+  grpc::Status Infer(const inference::ModelInferRequest& request,
+                     inference::ModelInferResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return infer_->ModelInfer(&context, request, response);
+  }
+
+  // Waits (finely: a step of a few runs lasts milliseconds) until a decode run has appended
+  // tokens since attnserve_decode_tokens_total read `tokens_before`.
+  void WaitForADecodeRun(double tokens_before) {
+    for (int i = 0; i < 5000 && Counter("attnserve_decode_tokens_total") == tokens_before; ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
   }
 
   // A smooth prompt of `tokens` demo tokens.
@@ -231,6 +248,7 @@ class DecodeServiceTest : public ::testing::Test {
 
   std::unique_ptr<Server> server_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
+  std::unique_ptr<inference::GRPCInferenceService::Stub> infer_;
   std::vector<float> sequence_;
 };
 
@@ -601,19 +619,12 @@ std::vector<float> RawOutput(const inference::ModelInferResponse& response) {
 }
 
 TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
-  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
-  auto call = [&](const inference::ModelInferRequest& request,
-                  inference::ModelInferResponse* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    return infer->ModelInfer(&context, request, response);
-  };
   inference::ModelInferResponse response;
-  ASSERT_TRUE(call(SequenceRequest(sequence_, 0, 10, 7, true, false), &response).ok());
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 0, 10, 7, true, false), &response).ok());
   std::vector<float> got = RawOutput(response);
   for (int64_t p = 10; p < 14; ++p) {
     const grpc::Status status =
-        call(SequenceRequest(sequence_, p, 1, 7, false, p == 13), &response);
+        Infer(SequenceRequest(sequence_, p, 1, 7, false, p == 13), &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
     const std::vector<float> row = RawOutput(response);
     got.insert(got.end(), row.begin(), row.end());
@@ -629,7 +640,7 @@ TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
   // sequence_end ended it: the id is unknown now, and the error names it.
-  const grpc::Status ended = call(SequenceRequest(sequence_, 14, 1, 7, false, false), &response);
+  const grpc::Status ended = Infer(SequenceRequest(sequence_, 14, 1, 7, false, false), &response);
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(ended.error_message().find("sequence 7"), std::string::npos) << ended.error_message();
   // Each step is a session's message, counted as the stream's are: 5 + 1 taken, 1 not found.
@@ -644,13 +655,6 @@ TEST_F(DecodeServiceTest, StepsOfASequenceSentAtOnceRunOneAtATime) {
   ServerOptions options;
   options.max_session_tokens = 8192;
   Restart(options);
-  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
-  auto call = [&](const inference::ModelInferRequest& request,
-                  inference::ModelInferResponse* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    return infer->ModelInfer(&context, request, response);
-  };
   constexpr int64_t kLong = 2000;  // 8 runs of 256 tokens: the short step comes while they run
   const std::vector<float> prompt = LongPrompt(kLong + 6);
   // The last row of the sequence in either order the two steps could take, from Decode streams.
@@ -677,24 +681,22 @@ TEST_F(DecodeServiceTest, StepsOfASequenceSentAtOnceRunOneAtATime) {
   }
   for (uint64_t id = 1; id <= 3; ++id) {
     inference::ModelInferResponse response;
-    ASSERT_TRUE(call(SequenceRequest(prompt, 0, 4, id, true, false), &response).ok());
+    ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, id, true, false), &response).ok());
     const double tokens_before = Counter("attnserve_decode_tokens_total");
     grpc::Status long_status;
     inference::ModelInferResponse long_response;
     std::thread long_step([&] {
-      long_status = call(SequenceRequest(prompt, 4, kLong, id, false, false), &long_response);
+      long_status = Infer(SequenceRequest(prompt, 4, kLong, id, false, false), &long_response);
     });
     // Once the long step has begun to run, the short one is sent.
-    for (int i = 0; i < 5000 && Counter("attnserve_decode_tokens_total") == tokens_before; ++i) {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
+    WaitForADecodeRun(tokens_before);
     inference::ModelInferResponse short_response;
     const grpc::Status short_status =
-        call(SequenceRequest(prompt, kLong + 4, 1, id, false, false), &short_response);
+        Infer(SequenceRequest(prompt, kLong + 4, 1, id, false, false), &short_response);
     long_step.join();
     ASSERT_TRUE(long_status.ok()) << long_status.error_message();
     ASSERT_TRUE(short_status.ok()) << short_status.error_message();
-    ASSERT_TRUE(call(SequenceRequest(prompt, kLong + 5, 1, id, false, true), &response).ok());
+    ASSERT_TRUE(Infer(SequenceRequest(prompt, kLong + 5, 1, id, false, true), &response).ok());
     const std::vector<float> last = RawOutput(response);
     ASSERT_EQ(last.size(), static_cast<size_t>(kWidth));
     bool matches_an_order = false;
@@ -716,36 +718,27 @@ TEST_F(DecodeServiceTest, ASequenceStartTakesTheIdOverOnlyOnceItsStepIsTaken) {
   ServerOptions options;
   options.max_session_tokens = 4096;
   Restart(options);
-  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
-  auto call = [&](const inference::ModelInferRequest& request,
-                  inference::ModelInferResponse* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    return infer->ModelInfer(&context, request, response);
-  };
   const std::vector<float> prompt = LongPrompt(4097);
   inference::ModelInferResponse response;
-  ASSERT_TRUE(call(SequenceRequest(prompt, 0, 4, 5, true, false), &response).ok());
+  ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 5, true, false), &response).ok());
   const double tokens_before = Counter("attnserve_decode_tokens_total");
   grpc::Status last_status;
   std::thread last_step([&] {
     inference::ModelInferResponse last_response;
-    last_status = call(SequenceRequest(prompt, 4, 2000, 5, false, true), &last_response);
+    last_status = Infer(SequenceRequest(prompt, 4, 2000, 5, false, true), &last_response);
   });
-  for (int i = 0; i < 5000 && Counter("attnserve_decode_tokens_total") == tokens_before; ++i) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  WaitForADecodeRun(tokens_before);
   // While the old session's last step runs, the id starts over.
-  ASSERT_TRUE(call(SequenceRequest(sequence_, 0, 4, 5, true, false), &response).ok());
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 0, 4, 5, true, false), &response).ok());
   last_step.join();
   ASSERT_TRUE(last_status.ok()) << last_status.error_message();
-  grpc::Status next = call(SequenceRequest(sequence_, 4, 1, 5, false, false), &response);
+  grpc::Status next = Infer(SequenceRequest(sequence_, 4, 1, 5, false, false), &response);
   ASSERT_TRUE(next.ok()) << next.error_message();
 
   // A refused sequence_start (past --max-session-tokens) leaves the id's session as it was.
-  const grpc::Status refused = call(SequenceRequest(prompt, 0, 4097, 5, true, false), &response);
+  const grpc::Status refused = Infer(SequenceRequest(prompt, 0, 4097, 5, true, false), &response);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
-  next = call(SequenceRequest(sequence_, 5, 1, 5, false, true), &response);
+  next = Infer(SequenceRequest(sequence_, 5, 1, 5, false, true), &response);
   ASSERT_TRUE(next.ok()) << next.error_message();
   // Its output is the row of the new session's sixth token: it held 5 before.
   const std::vector<float> want = RowOfTheSequence(5);

@@ -67,16 +67,13 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   // callback's alone.
   absl::Status refused =
       session_->Step(std::move(args), [this, opened, end, id, model, done](absl::Status status) {
-        std::shared_ptr<Session> replaced;
         if (status.ok()) {
           // A sequence_start takes the id over (the session it had ends) with its first
           // answer, before the client can send the next step; the sequence ends with its last.
-          if (opened) replaced = table_->Start(id, session_);
+          if (opened) table_->Start(id, session_);
           if (end) table_->End(model, id, session_.get());
         }
         session_.reset();
-        if (replaced != nullptr) table_->Replaced(model, id);
-        replaced.reset();
         done(status);
       });
   if (!refused.ok()) {
