@@ -64,6 +64,14 @@ void SequenceTable::End(const std::string& model, const std::string& id, const S
   entries_.erase(it);
 }
 
+void SequenceTable::Touch(const std::string& model, const std::string& id, const Session* session) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(Key(model, id));
+  if (it != entries_.end() && it->second.session.get() == session) {
+    it->second.last_used = Clock::now();
+  }
+}
+
 size_t SequenceTable::size() const {
   std::lock_guard lock(mu_);
   return entries_.size();

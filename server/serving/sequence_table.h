@@ -31,13 +31,18 @@ class SequenceTable {
   // so, at most once a second).
   void Start(const std::string& id, std::shared_ptr<Session> session);
 
-  // The session of `model`'s `id`, its idle clock restarted; NotFound naming the id when it has
+  // The session of `model`'s `id`, its idle clock restarted (and again by Touch when the
+  // request is answered); NotFound naming the id when it has
   // none (never started, ended, or idle past the timeout).
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& model, const std::string& id);
 
   // Ends `session`, if it is still the one under `model`'s `id` (a sequence_start may have
   // given the id another since).
   void End(const std::string& model, const std::string& id, const Session* session);
+
+  // Restarts the idle clock of `session` if it is still the one under `model`'s `id` (its
+  // step was just answered).
+  void Touch(const std::string& model, const std::string& id, const Session* session);
 
   // Sessions held now.
   size_t size() const;

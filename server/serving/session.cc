@@ -170,7 +170,7 @@ std::vector<int64_t> Session::positions() const {
   return positions_;
 }
 
-absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done) {
+absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done, uint64_t ticket) {
   std::unique_lock lock(mu_);
   if (busy_) {
     if (waiting_.size() >= kMaxWaitingSteps) {
@@ -178,7 +178,7 @@ absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done
           "the session has ", kMaxWaitingSteps,
           " steps waiting for their turn: send a sequence's steps after their answers"));
     }
-    waiting_.push_back({std::move(args), std::move(done)});
+    waiting_.push_back({std::move(args), std::move(done), ticket});
     return absl::OkStatus();
   }
   busy_ = true;
@@ -253,5 +253,23 @@ absl::Status Session::Take(const StepArgs& args) {
 }
 
 void Session::CancelStep(const absl::Status& why) { queue_->Cancel(this, why); }
+
+void Session::Withdraw(uint64_t ticket, const absl::Status& why) {
+  std::function<void(absl::Status)> done;
+  {
+    std::lock_guard lock(mu_);
+    auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                           [ticket](const Waiting& w) { return w.ticket == ticket; });
+    if (ticket == 0 || it == waiting_.end()) return;
+    done = std::move(it->done);
+    waiting_.erase(it);
+  }
+  done(why);
+}
+
+uint64_t Session::NewStepTicket() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
 
 }  // namespace attnserve::server

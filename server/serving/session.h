@@ -83,8 +83,17 @@ class Session {
   // (DecodeQueue::Submit); positions() then include it.
   // While another step of the session is queued or running, the step waits its turn and Step
   // returns OK: it is checked when its turn comes, and `done` then gets its answer or refusal.
-  // Past 64 steps waiting, ResourceExhausted.
-  absl::Status Step(StepArgs args, std::function<void(absl::Status)> done);
+  // Past 64 steps waiting, ResourceExhausted. `ticket` (NewStepTicket) names the step for
+  // Withdraw.
+  absl::Status Step(StepArgs args, std::function<void(absl::Status)> done, uint64_t ticket = 0);
+
+  // Takes back the step handed over with `ticket` if it still waits for its turn (its caller
+  // left): `done` runs at once, on this thread, with `why`, and the session is unchanged. A
+  // step taken runs and is answered as usual. Safe from any thread.
+  void Withdraw(uint64_t ticket, const absl::Status& why);
+
+  // A ticket no other step of the process has.
+  static uint64_t NewStepTicket();
 
   // Takes a queued step back (its stream ended): `done` runs at once with `why`. A step already
   // running finishes. Safe from any thread.
@@ -112,6 +121,7 @@ class Session {
   struct Waiting {
     StepArgs args;
     std::function<void(absl::Status)> done;
+    uint64_t ticket;
   };
 
   SessionManager* const manager_;

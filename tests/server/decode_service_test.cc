@@ -711,6 +711,56 @@ TEST_F(DecodeServiceTest, StepsOfASequenceSentAtOnceRunOneAtATime) {
   EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
 }
 
+// A step that waits for its turn behind another step of its sequence, and whose caller leaves
+// (its deadline passes) before that turn comes, is taken back: the sequence does not hold it.
+TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
+  ServerOptions options;
+  options.max_session_tokens = 16384;
+  Restart(options);
+  constexpr int64_t kLong = 10000;  // far longer to compute than the waiting step's deadline
+  const std::vector<float> prompt = LongPrompt(kLong + 5);
+  // The row of the sequence's last token without the step taken back, from a Decode stream.
+  std::vector<float> want;
+  {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = Open(&context);
+    v1::DecodeRequest whole = StepOf({prompt.data()}, {0}, {kLong + 5}, kWidth);
+    whole.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    const std::vector<float> out = TensorValues(Exchange(*stream, whole).output());
+    ASSERT_EQ(out.size(), static_cast<size_t>((kLong + 5) * kWidth));
+    want.assign(out.end() - kWidth, out.end());
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 11, true, false), &response).ok());
+  const double tokens_before = Counter("attnserve_decode_tokens_total");
+  grpc::Status long_status;
+  std::atomic<bool> long_answered{false};
+  std::thread long_step([&] {
+    inference::ModelInferResponse long_response;
+    long_status = Infer(SequenceRequest(prompt, 4, kLong, 11, false, false), &long_response);
+    long_answered = true;
+  });
+  WaitForADecodeRun(tokens_before);
+  // A token the sequence must not hold, sent with a deadline that passes while it waits.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(20));
+  const grpc::Status waited =
+      infer_->ModelInfer(&context, SequenceRequest(sequence_, 0, 1, 11, false, false), &response);
+  const bool long_still_computing = !long_answered.load();
+  long_step.join();
+  ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
+  EXPECT_EQ(waited.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waited.error_message();
+  ASSERT_TRUE(long_status.ok()) << long_status.error_message();
+  ASSERT_TRUE(Infer(SequenceRequest(prompt, kLong + 4, 1, 11, false, true), &response).ok());
+  const std::vector<float> got = RawOutput(response);
+  ASSERT_EQ(got.size(), want.size());
+  // One more token among 10,000 moves this row by about 1e-5; f32 rounding, by 1e-8.
+  for (size_t k = 0; k < want.size(); ++k) ASSERT_NEAR(got[k], want[k], 1e-6f) << k;
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
 // A sequence_start on an id in use gives the id a new session: the old session's last step,
 // answered later, ends only the old one. And a sequence_start whose step is refused changes
 // nothing: the session the id had goes on.

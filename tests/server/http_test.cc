@@ -35,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "server/frontends/http/http_infer_call.h"
 #include "server/frontends/http/http_router.h"
 #include "server/frontends/http/http_server.h"
 #include "server/frontends/http/http_status.h"
@@ -434,11 +435,13 @@ std::string SmallCall(int rows = 4) {
 }
 
 // The body of a sequence step over REST: `tokens` rows of `values` (from `row`), flat JSON, or
-// binary FP32 when `binary`; the sequence parameters as Triton's HTTP client sends them.
+// binary FP32 when `binary` (and binary outputs asked for when `binary_output`); the sequence
+// parameters as Triton's HTTP client sends them.
 std::pair<std::string, std::vector<std::string>> SequenceStepBody(const std::vector<float>& values,
                                                                   int row, int tokens,
                                                                   const Json& id, bool start,
-                                                                  bool end, bool binary = false) {
+                                                                  bool end, bool binary = false,
+                                                                  bool binary_output = false) {
   const std::vector<float> rows(values.begin() + row * kWidth,
                                 values.begin() + (row + tokens) * kWidth);
   Tensor input{"input", "FP32", {1, tokens, kWidth}, rows, {}};
@@ -451,6 +454,7 @@ std::pair<std::string, std::vector<std::string>> SequenceStepBody(const std::vec
   request["parameters"]["sequence_id"] = id;
   request["parameters"]["sequence_start"] = start;
   request["parameters"]["sequence_end"] = end;
+  if (binary_output) request["parameters"]["binary_data_output"] = true;
   std::string json = request.dump();
   if (binary) headers.back() = absl::StrCat("Inference-Header-Content-Length: ", json.size());
   return {json + body.substr(json_length), headers};
@@ -580,6 +584,83 @@ TEST_F(HttpTest, APassedDeadlineIs504) {
   EXPECT_EQ(Infer(body, with_timeout).status, 504);
   with_timeout.back() = "Request-Timeout-Ms: 60000";
   EXPECT_EQ(Infer(body, with_timeout).status, 200);
+}
+
+// A call that computes past its deadline is 504 too, not a late 200: the caller said it would
+// not wait that long (gRPC's deadline ends such a call the same way).
+TEST(HttpInferCallTest, ACallThatFinishesAfterItsDeadlineIs504) {
+  const Clock::time_point now = Clock::now();
+  HttpInferCall in_time("demo", "", HttpInferBody{}, now, now + std::chrono::seconds(30));
+  in_time.Finish(absl::OkStatus());
+  EXPECT_TRUE(in_time.Wait().ok());
+  HttpInferCall late("demo", "", HttpInferBody{}, now, now + std::chrono::milliseconds(20));
+  std::thread computing([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    late.Finish(absl::OkStatus());
+  });
+  const absl::Status status = late.Wait();
+  computing.join();
+  EXPECT_EQ(HttpStatus(status), 504) << status;
+}
+
+// Past Request-Timeout-Ms a sequence step is 504, as a call is: a step that waited for its turn
+// behind another step of its sequence is taken back (the sequence does not hold it), and one
+// that computed is answered 504 saying that the sequence holds it.
+TEST(HttpSequenceDeadlineTest, StepsPastTheirDeadlineAre504AndAWaitingOneIsTakenBack) {
+  ServerOptions options = DemoOptions();
+  options.metrics_listen = "127.0.0.1:0";
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string url =
+      absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/demo/infer");
+  constexpr int kLong = 10000;  // far longer to compute than the deadlines below
+  const std::vector<float> values = Wave((kLong + 6) * kWidth, 6);
+  auto step = [&](int row, int tokens, const std::string& id, bool start, bool end,
+                  int timeout_ms = 0) {
+    auto [body, headers] = SequenceStepBody(values, row, tokens, id, start, end, true, true);
+    if (timeout_ms > 0) headers.push_back(absl::StrCat("Request-Timeout-Ms: ", timeout_ms));
+    return HttpCall("POST", url, body, headers);
+  };
+  auto decoded_tokens = [&] {
+    absl::StatusOr<std::map<std::string, double>> series = Scrape(server->metrics_port());
+    return series.ok() ? (*series)[SeriesKey("attnserve_decode_tokens_total", {{"model", "demo"}})]
+                       : -1;
+  };
+  // What the sequence gives without the step taken back.
+  ASSERT_EQ(step(0, 4, "whole", true, false).status, 200);
+  ASSERT_EQ(step(4, kLong, "whole", false, false).status, 200);
+  const HttpReply want = step(kLong + 5, 1, "whole", false, true);
+  ASSERT_EQ(want.status, 200) << want.body.substr(0, 300);
+
+  ASSERT_EQ(step(0, 4, "late", true, false).status, 200);
+  const double before = decoded_tokens();
+  HttpReply long_reply;
+  std::atomic<bool> long_answered{false};
+  std::thread long_step([&] {
+    long_reply = step(4, kLong, "late", false, false, 100);
+    long_answered = true;
+  });
+  for (int i = 0; i < 5000 && decoded_tokens() == before; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // While the long step computes, a step of the same sequence waits past its deadline.
+  const HttpReply waited = step(kLong + 4, 1, "late", false, false, 20);
+  const bool long_still_computing = !long_answered.load();
+  long_step.join();
+  ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
+  EXPECT_EQ(waited.status, 504) << waited.body;
+  EXPECT_NE(waited.body.find("unchanged"), std::string::npos) << waited.body;
+  EXPECT_EQ(long_reply.status, 504) << long_reply.body.substr(0, 300);
+  EXPECT_NE(long_reply.body.find("holds it"), std::string::npos) << long_reply.body;
+  // The sequence holds the prompt and the long step, not the step taken back.
+  const HttpReply got = step(kLong + 5, 1, "late", false, true);
+  ASSERT_EQ(got.status, 200) << got.body.substr(0, 300);
+  const std::vector<float> got_row = RestOutputs(got).at("output").second;
+  const std::vector<float> want_row = RestOutputs(want).at("output").second;
+  ASSERT_EQ(got_row.size(), static_cast<size_t>(kWidth));
+  ASSERT_EQ(want_row.size(), static_cast<size_t>(kWidth));
+  // One more token among 10,000 moves this row by about 1e-5; f32 rounding, by 1e-8.
+  for (int k = 0; k < kWidth; ++k) ASSERT_NEAR(got_row[k], want_row[k], 1e-6f) << k;
 }
 
 TEST(HttpLimitsTest, AReplyOverTheLimitIs413) {

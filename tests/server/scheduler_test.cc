@@ -19,7 +19,10 @@
 #include "core/weights.h"
 #include "gtest/gtest.h"
 #include "server/serving/compute_executor.h"
+#include "server/serving/decode_queue.h"
 #include "server/serving/run_cost.h"
+#include "server/serving/sequence_table.h"
+#include "server/serving/session.h"
 #include "tests/server/scrape.h"
 
 namespace attnserve::server::testing {
@@ -545,6 +548,38 @@ TEST(ComputeExecutorTest, ARunGoesInlineOnlyWhileTheExecutorIsIdleAndNoOtherQueu
   EXPECT_NE(other.threads()[2], here);
   executor.Remove(&mine);
   executor.Remove(&other);
+}
+
+// A sequence's idle clock restarts when its request is answered (Touch), not only when it
+// arrives (Find): a step that took longer than the idle timeout does not leave its sequence to
+// be reaped as soon as it is answered. Two sequences held (a step in flight) past the timeout,
+// one touched when answered: the other is reaped, the touched one lives on.
+TEST(SequenceTableTest, TheIdleClockRestartsWhenARequestIsAnswered) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  SequenceTable table(std::chrono::seconds(1));
+  for (const char* id : {"answered", "untouched"}) {
+    absl::StatusOr<std::unique_ptr<Session>> opened =
+        manager.Open(DemoVersion(), core::AttentionKind::kCausal, 1, nullptr, &queue, nullptr);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    table.Start(id, std::shared_ptr<Session>(*std::move(opened)));
+  }
+  absl::StatusOr<std::shared_ptr<Session>> answered = table.Find("m", "answered");
+  absl::StatusOr<std::shared_ptr<Session>> untouched = table.Find("m", "untouched");
+  ASSERT_TRUE(answered.ok() && untouched.ok());
+  // Two steps that take longer than the timeout: their sessions are in use, never reaped.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  EXPECT_EQ(table.size(), 2u);
+  table.Touch("m", "answered", answered->get());
+  answered->reset();
+  untouched->reset();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (table.size() > 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(table.Find("m", "untouched").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(table.Find("m", "answered").ok()) << "reaped although answered just now";
 }
 
 }  // namespace

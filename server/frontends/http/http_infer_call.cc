@@ -89,14 +89,15 @@ void HttpInferCall::Finish(const absl::Status& status) {
 
 absl::Status HttpInferCall::Wait() {
   std::unique_lock lock(mu_);
-  if (!done_cv_.wait_until(lock, deadline(), [this] { return done_; })) {
-    // The queue answers a call whose caller is gone at once; a running one finishes.
-    lock.unlock();
-    CallerGone();
-    lock.lock();
-    done_cv_.wait(lock, [this] { return done_; });
-  }
-  return status_;
+  if (done_cv_.wait_until(lock, deadline(), [this] { return done_; })) return status_;
+  // The queue answers a call whose caller is gone at once; a running one finishes, and is
+  // answered as too late all the same (as gRPC's deadline is).
+  lock.unlock();
+  CallerGone();
+  lock.lock();
+  done_cv_.wait(lock, [this] { return done_; });
+  if (!status_.ok()) return status_;
+  return absl::DeadlineExceededError("the deadline passed while the call computed");
 }
 
 }  // namespace attnserve::server

@@ -56,7 +56,7 @@ class HttpInferCall final : public Job {
   void Finish(const absl::Status& status) override;
 
   // Blocks until Finish; tells the queue the caller is gone once its deadline passes. The
-  // call's status.
+  // call's status; DeadlineExceeded for a call that finished after its deadline.
   absl::Status Wait();
 
   // Decodes the body now if it may be a sequence step (its JSON names sequence_id, as

@@ -87,9 +87,14 @@ void Reply(HttpExchange& exchange, absl::string_view model, int64_t version,
 }
 
 // A step of a sequence's session (sequence_step.h), run on the connection's thread until
-// it is answered (by the compute thread, or here when it ran inline).
+// it is answered (by the compute thread, or here when it ran inline). Past the call's
+// deadline, a step still waiting for its turn is taken back, and one that computed is answered
+// DeadlineExceeded as well (as gRPC's deadline does), its message saying the sequence holds it.
 absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
                              const HttpExchange& exchange, HttpInferCall& call) {
+  if (Clock::now() >= call.deadline()) {
+    return absl::DeadlineExceededError("the deadline passed before the step began");
+  }
   DecodedHttpInfer& decoded = call.decoded();
   SequenceRequest request;
   request.model = exchange.params.at("model");
@@ -111,8 +116,17 @@ absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
     answered.notify_one();
   });
   std::unique_lock lock(mu);
+  if (answered.wait_until(lock, call.deadline(), [&] { return result.has_value(); })) {
+    return *result;
+  }
+  lock.unlock();
+  step.Cancel(absl::DeadlineExceededError(
+      "the deadline passed while the step waited for its turn: the sequence is unchanged"));
+  lock.lock();
   answered.wait(lock, [&] { return result.has_value(); });
-  return *result;
+  if (!result->ok()) return *result;
+  return absl::DeadlineExceededError(
+      "the deadline passed while the step computed; the sequence holds it");
 }
 
 void Infer(Admission& admission, SequenceTable& sequences, const HttpBodyLimits& limits,

@@ -23,6 +23,12 @@ absl::StatusOr<bool> BoolParameter(const inference::ModelInferRequest& request, 
   return it->second.bool_param();
 }
 
+// What a caller that left is told of a step that waited for its turn.
+absl::Status StepWithdrawn() {
+  return absl::CancelledError(
+      "the call ended while the step waited for its turn: the sequence is unchanged");
+}
+
 }  // namespace
 
 absl::StatusOr<std::optional<SequenceParams>> ReadSequenceParams(
@@ -108,7 +114,7 @@ void StreamInferCall::OnReadDone(bool ok) {
   ProtoSequenceStep* step;
   {
     std::lock_guard lock(mu_);
-    step_ = std::make_unique<ProtoSequenceStep>(admission_, table_, &request_, **params,
+    step_ = std::make_shared<ProtoSequenceStep>(admission_, table_, &request_, **params,
                                                 response_.mutable_infer_response());
     step = step_.get();
   }
@@ -151,6 +157,15 @@ void StreamInferCall::OnWriteDone(bool ok) {
   StartRead(&request_bytes_);
 }
 
+void StreamInferCall::OnCancel() {
+  std::shared_ptr<ProtoSequenceStep> step;
+  {
+    std::lock_guard lock(mu_);
+    step = step_;
+  }
+  if (step != nullptr) step->Cancel(StepWithdrawn());
+}
+
 void StreamInferCall::OnDone() {
   { std::lock_guard lock(mu_); }
   delete this;
@@ -175,6 +190,8 @@ SequenceInferCall::SequenceInferCall(Admission* admission, SequenceTable* table,
     Finish(reply);
   });
 }
+
+void SequenceInferCall::OnCancel() { step_.Cancel(StepWithdrawn()); }
 
 void SequenceInferCall::OnDone() {
   { std::lock_guard lock(mu_); }

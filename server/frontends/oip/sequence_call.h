@@ -36,6 +36,9 @@ class ProtoSequenceStep {
   // or ran inline (Session::Step), else on the compute thread.
   void Run(std::function<void(absl::Status)> done);
 
+  // The caller left: SequenceStep::Cancel.
+  void Cancel(const absl::Status& why) { step_.Cancel(why); }
+
  private:
   const inference::ModelInferRequest* const request_;
   inference::ModelInferResponse* const response_;
@@ -53,6 +56,8 @@ class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
+  // The stream ended (cancel, deadline, disconnect): a step waiting its turn is taken back.
+  void OnCancel() override;
   void OnDone() override;
 
  private:
@@ -67,7 +72,9 @@ class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   // gRPC orders the reactions (the constructor, each read and write, OnDone) inside itself, out
   // of a thread sanitizer's sight; each takes this lock so that the order is visible to it too.
   std::mutex mu_;
-  std::unique_ptr<ProtoSequenceStep> step_;  // guarded by mu_
+  // Guarded by mu_; shared with OnCancel, which cancels it outside the lock (its answer takes
+  // the lock) while the answer may end it.
+  std::shared_ptr<ProtoSequenceStep> step_;
 };
 
 // ModelInfer for a sequence step: a unary call answered when the step has run.
@@ -78,6 +85,8 @@ class SequenceInferCall final : public grpc::ServerUnaryReactor {
                     std::unique_ptr<inference::ModelInferRequest> request, SequenceParams params,
                     grpc::ByteBuffer* response_bytes);
 
+  // The call was cancelled or its deadline passed: a step waiting its turn is taken back.
+  void OnCancel() override;
   void OnDone() override;
 
  private:

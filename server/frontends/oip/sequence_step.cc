@@ -48,38 +48,68 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   // A refused step changes nothing: a sequence it would start is kept under its id only once
   // its step is answered.
   bool opened = false;
-  absl::StatusOr<std::shared_ptr<Session>> session = SessionFor(request, &opened);
-  if (!session.ok()) return done(session.status());
-  session_ = *std::move(session);
-  const core::Layer& layer = *session_->layer();
+  absl::StatusOr<std::shared_ptr<Session>> found = SessionFor(request, &opened);
+  if (!found.ok()) return done(found.status());
+  std::shared_ptr<Session> session = *std::move(found);
+  const core::Layer& layer = *session->layer();
   const core::RaggedBatch& input = request.args->input;
   if (absl::Status s = layer.ValidateBatch(input, false, "input"); !s.ok()) return done(s);
   core::ForwardShapes shapes;
   shapes.output_rows = input.rows();
   shapes.output_width = layer.spec().d_output();
-  absl::StatusOr<ForwardBuffers> buffers = request.prepare(shapes, session_->version()->version);
+  absl::StatusOr<ForwardBuffers> buffers = request.prepare(shapes, session->version()->version);
   if (!buffers.ok()) return done(buffers.status());
   StepArgs args = MakeStepArgs(input, buffers->output, shapes.output_width);
   const bool end = request.params.end;
-  const std::string id = request.params.id, model = session_->version()->name;
+  const std::string id = request.params.id, model = session->version()->name;
+  const uint64_t ticket = Session::NewStepTicket();
+  {
+    std::lock_guard lock(mu_);
+    session_ = session;
+    ticket_ = ticket;
+  }
   // Once Step has taken the step, its answer may come on another thread at any time, and with
   // it the end of this object (a stream's next message): what follows the answer is the
   // callback's alone.
-  absl::Status refused =
-      session_->Step(std::move(args), [this, opened, end, id, model, done](absl::Status status) {
+  absl::Status refused = session->Step(
+      std::move(args),
+      [this, session, opened, end, id, model, done](absl::Status status) mutable {
         if (status.ok()) {
           // A sequence_start takes the id over (the session it had ends) with its first
           // answer, before the client can send the next step; the sequence ends with its last.
-          if (opened) table_->Start(id, session_);
-          if (end) table_->End(model, id, session_.get());
+          if (opened) table_->Start(id, session);
+          if (end) table_->End(model, id, session.get());
         }
-        session_.reset();
+        // The idle clock counts from the answer too: a step longer than
+        // --session-idle-timeout does not leave its sequence to be reaped once answered.
+        table_->Touch(model, id, session.get());
+        {
+          std::lock_guard lock(mu_);
+          session_.reset();
+        }
+        session.reset();  // here, as the step's last hold: the session may end with it
         done(status);
-      });
+      },
+      ticket);
   if (!refused.ok()) {
-    session_.reset();
+    {
+      std::lock_guard lock(mu_);
+      session_.reset();
+    }
     done(refused);
   }
+}
+
+void SequenceStep::Cancel(const absl::Status& why) {
+  std::shared_ptr<Session> session;
+  uint64_t ticket;
+  {
+    std::lock_guard lock(mu_);
+    session = session_;
+    ticket = ticket_;
+  }
+  // Withdraw answers the step here (its callback takes mu_): not under the lock.
+  if (session != nullptr) session->Withdraw(ticket, why);
 }
 
 }  // namespace attnserve::server

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -56,6 +57,11 @@ class SequenceStep {
   // when the step is refused or ran inline (Session::Step), else on the compute thread.
   void Run(const SequenceRequest& request, std::function<void(absl::Status)> done);
 
+  // The caller left (cancelled, or its deadline passed): a step still waiting for its turn
+  // behind another step of its sequence is answered `why` at once and changes nothing; a step
+  // taken runs on and is answered as usual. Safe from any thread while the step lives.
+  void Cancel(const absl::Status& why);
+
  private:
   // The session the step goes to: its sequence's, or (sequence_start) a new one, not yet
   // registered, and then `opened` is set.
@@ -63,7 +69,9 @@ class SequenceStep {
 
   Admission* const admission_;
   SequenceTable* const table_;
-  std::shared_ptr<Session> session_;  // held until the step is answered
+  std::mutex mu_;                     // Run and its answer (any thread) against Cancel
+  std::shared_ptr<Session> session_;  // guarded by mu_: held until the step is answered
+  uint64_t ticket_ = 0;               // guarded by mu_: the step's, for Session::Withdraw
 };
 
 }  // namespace attnserve::server
