@@ -213,6 +213,15 @@ absl::StatusOr<VersionHandle> ModelRegistry::MakeVersion(const std::string& name
 
 absl::Status ModelRegistry::Reconcile(const std::string& name,
                                       const std::optional<std::string>& override, bool polling) {
+  {
+    // Before the repository is read: a --model model is not the repository's to change, and
+    // a broken config.json or override in its name must not mark its entries.
+    std::lock_guard lock(mu_);
+    if (const ServedModel* flagged = FindLocked(name); flagged != nullptr && flagged->from_flag) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model '", name, "' is given by --model: it is always loaded and not managed here"));
+    }
+  }
   absl::StatusOr<ModelDir> dir = ScanModelDir(options_.repository, name);
   if (!dir.ok()) {
     // A directory that went away while polling: the model's versions retire.
@@ -235,10 +244,6 @@ absl::Status ModelRegistry::Reconcile(const std::string& name,
   {
     std::lock_guard lock(mu_);
     model = &ModelLocked(name);
-    if (model->from_flag) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "model '", name, "' is given by --model: it is always loaded and not managed here"));
-    }
     // A policy that names no version there (a typo in a rollback) is a broken config: it
     // changes nothing, as Triton refuses it. And an asked-for load finds a version to load.
     std::vector<int64_t> available;
@@ -257,6 +262,13 @@ absl::Status ModelRegistry::Reconcile(const std::string& name,
   }
   // Files are read here, on the registry thread, with no lock held: calls go on meanwhile.
   for (LoadPlan::Item& item : plan.loads) {
+    if (Stopping()) {  // a shutdown waits for the load under way, not for the plan's others
+      std::lock_guard lock(mu_);
+      for (LoadPlan::Item& planned : plan.loads)
+        model->records[planned.file.version].loading = false;
+      PublishStateLocked(*model);
+      return absl::UnavailableError("the server is shutting down");
+    }
     const ModelConfig load{name, item.file.path, config->load, config->precision};
     item.result =
         AtLowPriority([&] { return MakeVersion(name, item.file.version, item.file.path, load); });
@@ -476,7 +488,15 @@ void ModelRegistry::Poll() {
       if (model->from_flag) all.erase(model->name);
     }
   }
-  for (const std::string& name : all) Reconcile(name, std::nullopt, /*polling=*/true).IgnoreError();
+  for (const std::string& name : all) {
+    if (Stopping()) return;  // a shutdown waits for the load under way, not for the others
+    Reconcile(name, std::nullopt, /*polling=*/true).IgnoreError();
+  }
+}
+
+bool ModelRegistry::Stopping() const {
+  std::lock_guard lock(work_->mu);
+  return work_->stop;
 }
 
 void ModelRegistry::Loop() {
@@ -505,7 +525,7 @@ void ModelRegistry::Loop() {
       });
       SweepReleased();
     }
-    for (auto& task : tasks) task(true);
+    for (auto& task : tasks) task(!Stopping());
     if (polling && Clock::now() >= next_poll) {
       Poll();
       next_poll = Clock::now() + options_.poll_interval;

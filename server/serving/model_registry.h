@@ -124,8 +124,8 @@ class ModelRegistry {
   // Calls accepted and not yet answered, over every model.
   int pending() const;
 
-  // Stops loading, then drains every scheduler: queued and running calls finish (those still
-  // queued at `deadline` are refused), new ones are refused.
+  // Stops loading (a load under way finishes; no other starts), then drains every scheduler: queued
+  // and running calls finish (those still queued at `deadline` are refused), new ones are refused.
   void Drain(Clock::time_point deadline = Clock::time_point::max());
 
  private:
@@ -150,6 +150,8 @@ class ModelRegistry {
   absl::Status NoVersions(const std::string& name) const;
   void Poll();
   void Loop();
+  // Drain has begun: the registry thread starts no further load.
+  bool Stopping() const;
   // Marks versions whose last holder let go as UNAVAILABLE.
   void SweepReleased();
   ServedModel& ModelLocked(const std::string& name);

@@ -30,12 +30,15 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "core/layer.h"
 #include "core/weights.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
+#include "server/serving/call_reporter.h"
+#include "server/serving/model_registry.h"
 #include "server/transport/admin_auth.h"
 #include "tests/common/golden.h"
 #include "tests/common/safetensors_writer.h"
@@ -640,7 +643,14 @@ TEST(RepositoryTest, ModelFlagsAreVersionOneAndStayLoaded) {
   EXPECT_EQ(client.Versions("flag"), (States{{1, kReady}}));
   EXPECT_EQ(client.Versions("m"), (States{{4, kReady}}));
   EXPECT_EQ(client.Unload("flag").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(client.Load("flag").error_code(), grpc::StatusCode::NOT_FOUND);  // not in the repo
+  EXPECT_EQ(client.Load("flag").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // Its name in the repository later, or with a broken config, changes nothing of it.
+  repo.AddVersion("flag", 2, kWeightsB);
+  EXPECT_EQ(client.Load("flag", "{").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(client.Load("flag").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(client.Index("flag", "1").state(), "READY");
+  EXPECT_EQ(client.Index("flag", "1").reason(), "");
+  EXPECT_EQ(client.Versions("flag"), (States{{1, kReady}}));
   EXPECT_TRUE(client.Forward("flag", 1, nullptr).ok());
   // Two models: an empty name is ambiguous.
   EXPECT_EQ(client.Forward("", 0, nullptr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -778,6 +788,49 @@ TEST(RepositoryTest, WithoutAdminTokensOnlyLoopbackCallersMayLoad) {
 }
 
 // Queued calls of a model being unloaded finish on their version; later ones are NOT_FOUND.
+// A shutdown while a poll loads many models waits for the load under way, not for the poll's
+// other models: Drain stops the loading.
+TEST(RepositoryTest, ADrainDuringAPollDoesNotWaitForTheOtherModelsLoads) {
+  Repo repo;
+  // A 768-wide layer (9 MB, as a real layer takes a moment to read and pack), one file hard
+  // linked as every model's version 1.
+  constexpr int64_t kWide = 768;
+  const std::string layer = (fs::path(repo.dir()) / "wide.safetensors").string();
+  test::WriteSafetensorsFile(
+      layer, test::MakeSafetensors({test::PatternTensor("in_proj_weight", {3 * kWide, kWide}, 1),
+                                    test::PatternTensor("in_proj_bias", {3 * kWide}, 2),
+                                    test::PatternTensor("out_proj.weight", {kWide, kWide}, 3),
+                                    test::PatternTensor("out_proj.bias", {kWide}, 4)},
+                                   {{"num_heads", "12"}}));
+  CallReporter reporter;
+  RegistryOptions options;
+  options.repository = repo.dir();
+  options.control_mode = ControlMode::kPoll;
+  options.poll_interval = milliseconds(20);
+  absl::StatusOr<std::unique_ptr<ModelRegistry>> registry = ModelRegistry::Load(options, &reporter);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  constexpr int kModels = 40;
+  for (int i = 0; i < kModels; ++i) {
+    const fs::path dir = fs::path(repo.dir()) / absl::StrCat("m", i) / "1";
+    fs::create_directories(dir);
+    fs::create_hard_link(layer, dir / "model.safetensors");
+  }
+  auto ready = [&] {
+    int n = 0;
+    for (const VersionStatus& status : (*registry)->Statuses()) {
+      n += status.state == VersionState::kReady ? 1 : 0;
+    }
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (ready() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_GT(ready(), 0) << "the poll loaded nothing";
+  (*registry)->Drain();
+  EXPECT_LT(ready(), kModels / 2) << "the drain waited for the poll's loads";
+}
+
 TEST(RepositoryTest, UnloadAnswersTheQueuedCallsAndRefusesNewOnes) {
   Repo repo;
   repo.AddVersion("m", 1, kWeightsA);
