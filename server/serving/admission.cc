@@ -15,17 +15,15 @@ Admission::Admission(ModelRegistry* registry, CallReporter* reporter, SessionMan
       sessions_(sessions),
       max_reply_bytes_(max_reply_bytes) {}
 
-absl::StatusOr<std::unique_ptr<Session>> Admission::OpenSession(absl::string_view model,
-                                                                uint64_t version,
-                                                                core::AttentionKind kind,
-                                                                int64_t batch,
-                                                                const core::RaggedBatch* context) {
+absl::StatusOr<std::unique_ptr<Session>> Admission::OpenSession(
+    absl::string_view model, uint64_t version, core::AttentionKind kind, int64_t batch,
+    const core::RaggedBatch* context, bool restart) {
   if (!accepting()) return absl::UnavailableError("the server is shutting down");
   absl::StatusOr<ModelRegistry::Found> found = registry_->Find(model, version);
   if (!found.ok()) return found.status();
   ServedModel& served = *found->model;
   return sessions_->Open(std::move(found->version), kind, batch, context, served.decode.get(),
-                         &reporter_->metrics().ForModel(served.name));
+                         &reporter_->metrics().ForModel(served.name), restart);
 }
 
 void Admission::Admit(Job* job) {

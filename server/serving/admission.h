@@ -30,10 +30,11 @@ class Admission {
   // Opens a decode session of `batch` sequences on the model named `model` ("" for the only
   // one) at `version` (0: its newest ready one), which the session holds for its life:
   // Unavailable when shutting down, NotFound for the model or version, then
-  // SessionManager::Open's refusals. `context` (kCausalCross) is copied.
+  // SessionManager::Open's refusals (`restart`: see there). `context` (kCausalCross) is copied.
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(absl::string_view model, uint64_t version,
                                                        core::AttentionKind kind, int64_t batch,
-                                                       const core::RaggedBatch* context);
+                                                       const core::RaggedBatch* context,
+                                                       bool restart = false);
 
   // A message of a decode session was answered with `status` (every frontend's session
   // messages, refused and malformed ones too, are counted here). `model` is the session's model,

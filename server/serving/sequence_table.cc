@@ -72,6 +72,22 @@ void SequenceTable::Touch(const std::string& model, const std::string& id, const
   }
 }
 
+bool SequenceTable::Holds(const std::string& model, const std::string& id) const {
+  std::lock_guard lock(mu_);
+  return entries_.contains(Key(model, id));
+}
+
+std::string SequenceTable::OnlyModelHolding(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  std::string model;
+  for (const auto& [key, entry] : entries_) {
+    if (key.second != id) continue;
+    if (!model.empty()) return "";
+    model = key.first;
+  }
+  return model;
+}
+
 size_t SequenceTable::size() const {
   std::lock_guard lock(mu_);
   return entries_.size();

@@ -44,6 +44,12 @@ class SequenceTable {
   // step was just answered).
   void Touch(const std::string& model, const std::string& id, const Session* session);
 
+  // Whether `model`'s `id` has a session now.
+  bool Holds(const std::string& model, const std::string& id) const;
+
+  // The model whose sequence `id` has a session, when exactly one model's has; else "".
+  std::string OnlyModelHolding(const std::string& id) const;
+
   // Sessions held now.
   size_t size() const;
 

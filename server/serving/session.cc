@@ -36,7 +36,7 @@ SessionManager::SessionManager(SessionOptions options)
 
 absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
     VersionHandle version, core::AttentionKind kind, int64_t batch,
-    const core::RaggedBatch* context, DecodeQueue* queue, ModelMetrics* metrics) {
+    const core::RaggedBatch* context, DecodeQueue* queue, ModelMetrics* metrics, bool restart) {
   const core::Layer* layer = version->layer.get();
   const std::string& model = version->name;
   if (kind != core::AttentionKind::kCausal && kind != core::AttentionKind::kCausalCross) {
@@ -67,9 +67,10 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
       return s;
     }
   }
+  const int limit = options_.max_sessions + (restart ? 1 : 0);
   int open = open_.load();
   do {
-    if (open >= options_.max_sessions) {
+    if (open >= limit) {
       if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kMaxSessions);
       return absl::ResourceExhaustedError(absl::StrCat(
           "all ", open, " sessions --max-sessions allows are open; end one or go elsewhere"));

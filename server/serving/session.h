@@ -155,10 +155,13 @@ class SessionManager {
   // A session of `batch` sequences on `version` (its steps run by `queue`). For
   // kCausalCross, `context` (width d_context, one sequence per b) is copied and projected once,
   // by the first step's run. InvalidArgument for another kind or a layer that cannot serve it;
-  // ResourceExhausted when --max-sessions are open.
+  // ResourceExhausted when --max-sessions are open. A `restart` (a sequence_start on an id that
+  // has a session, which ends when this one's first step is taken) may open one session past
+  // the limit: restarting a sequence is not refused because every session is open.
   absl::StatusOr<std::unique_ptr<Session>> Open(VersionHandle version, core::AttentionKind kind,
                                                 int64_t batch, const core::RaggedBatch* context,
-                                                DecodeQueue* queue, ModelMetrics* metrics);
+                                                DecodeQueue* queue, ModelMetrics* metrics,
+                                                bool restart = false);
 
   // Sessions open now.
   int open() const { return open_.load(); }

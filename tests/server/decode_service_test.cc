@@ -798,6 +798,28 @@ TEST_F(DecodeServiceTest, ASequenceStartTakesTheIdOverOnlyOnceItsStepIsTaken) {
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
+// Restarting a sequence (sequence_start on its id) is not refused when --max-sessions are open:
+// the restart ends the id's session. A new id still is.
+TEST_F(DecodeServiceTest, ARestartIsNotRefusedWhenEverySessionIsOpen) {
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 10, 6, 1, true, false), &response).ok());
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 0, 2, 2, true, false), &response).ok());
+  EXPECT_EQ(Gauge("attnserve_sessions"), 2);  // the fixture's --max-sessions
+  const grpc::Status restart = Infer(SequenceRequest(sequence_, 0, 4, 1, true, false), &response);
+  ASSERT_TRUE(restart.ok()) << restart.error_message();
+  EXPECT_EQ(Gauge("attnserve_sessions"), 2);
+  const grpc::Status other = Infer(SequenceRequest(sequence_, 0, 4, 3, true, false), &response);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << other.error_message();
+  // Sequence 1 goes on from its restart: its next row is the sequence's fifth.
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 4, 1, 1, false, true), &response).ok());
+  const std::vector<float> got = RawOutput(response);
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 2, 1, 2, false, true), &response).ok());
+  const std::vector<float> want = RowOfTheSequence(4);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) ASSERT_NEAR(got[k], want[k], 1e-4f) << k;
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
 TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheStream) {
   auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
   grpc::ClientContext context;

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -551,6 +552,70 @@ TEST(RepositoryTest, ADecodeSessionFinishesOnItsVersionAcrossASwap) {
     std::this_thread::sleep_for(milliseconds(10));
   }
   EXPECT_EQ(client.Index("m", "1").state(), "UNAVAILABLE");
+}
+
+// A sequence step that names no model goes to the only model; a continuation goes on with its
+// sequence when that changes: another model loaded beside it, or its own unloaded (the session
+// holds its version).
+TEST(RepositoryTest, ASequenceThatNamesNoModelGoesOnWhenTheModelsChange) {
+  Repo repo;
+  repo.AddVersion("a", 1, kWeightsA);
+  repo.AddVersion("b", 1, kWeightsB);
+  ServerOptions options = RepoOptions(repo, ControlMode::kExplicit);
+  options.load_models = {"a"};
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  Client client(server->port());
+  auto infer = inference::GRPCInferenceService::NewStub(Connect(server->port()));
+  const std::vector<float> input = Input(6);
+  std::vector<float> got;
+  auto step = [&](int64_t from, int64_t n, bool start, bool end) {
+    inference::ModelInferRequest request;  // no model_name
+    auto* tensor = request.add_inputs();
+    tensor->set_name("input");
+    tensor->set_datatype("FP32");
+    for (int64_t d : {int64_t{1}, n, kWidth}) tensor->add_shape(d);
+    request.add_raw_input_contents(std::string(
+        reinterpret_cast<const char*>(input.data() + from * kWidth), n * kWidth * sizeof(float)));
+    (*request.mutable_parameters())["sequence_id"].set_uint64_param(3);
+    (*request.mutable_parameters())["sequence_start"].set_bool_param(start);
+    (*request.mutable_parameters())["sequence_end"].set_bool_param(end);
+    inference::ModelInferResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + seconds(30));
+    const grpc::Status status = infer->ModelInfer(&context, request, &response);
+    if (status.ok() && response.raw_output_contents_size() == 1) {
+      const std::string& raw = response.raw_output_contents(0);
+      const size_t at = got.size();
+      got.resize(at + raw.size() / sizeof(float));
+      std::memcpy(got.data() + at, raw.data(), raw.size());
+    }
+    return status;
+  };
+  ASSERT_TRUE(step(0, 4, true, false).ok());
+  ASSERT_TRUE(client.Load("b").ok());
+  grpc::Status status = step(4, 1, false, false);
+  ASSERT_TRUE(status.ok()) << "with a second model loaded: " << status.error_message();
+  ASSERT_TRUE(client.Unload("a").ok());
+  status = step(5, 1, false, true);
+  ASSERT_TRUE(status.ok()) << "with its model unloaded: " << status.error_message();
+  // The six rows are model a's causal forward over the six tokens, computed here.
+  absl::StatusOr<core::LayerWeights> weights = core::LoadLayerWeights(Fixture(kWeightsA), {});
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  absl::StatusOr<std::shared_ptr<const core::Layer>> layer =
+      core::Layer::Create(*std::move(weights));
+  ASSERT_TRUE(layer.ok());
+  core::ForwardArgs args;
+  args.kind = core::AttentionKind::kCausal;
+  args.input.data = input.data();
+  args.input.width = kWidth;
+  args.input.lengths = {6};
+  std::vector<float> want((*layer)->Shapes(args).output_size());
+  ASSERT_TRUE((*layer)->Forward(args, want).ok());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  // Its sequence ended, a step naming no model goes to the only model, b: id 3 is unknown there.
+  EXPECT_EQ(step(0, 1, false, false).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST(RepositoryTest, ExplicitModeLoadsEveryModelForAStar) {

@@ -12,27 +12,29 @@ namespace attnserve::server {
 absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const SequenceRequest& request,
                                                                   bool* opened) {
   core::ForwardArgs& args = *request.args;
-  if (!request.params.start) {
-    if (args.context) {
-      return absl::InvalidArgumentError("a sequence's context comes with sequence_start only");
-    }
-    // Each model has its own sequence ids; "" names the only model.
-    std::string model = request.model;
-    if (model.empty()) {
-      absl::StatusOr<ModelRegistry::Found> found = admission_->registry().Find(model);
-      if (!found.ok()) return found.status();
-      model = found->model->name;
-    }
-    return table_->Find(model, request.params.id);
+  if (!request.params.start && args.context) {
+    return absl::InvalidArgumentError("a sequence's context comes with sequence_start only");
   }
+  // Each model has its own sequence ids; "" names the only model. A continuation naming none
+  // goes to the model whose sequence has its id, when just one has: the only model may have
+  // changed since the sequence began (another loaded, or its own unloaded: the session holds
+  // its version).
+  std::string model = request.model;
+  if (model.empty() && !request.params.start) model = table_->OnlyModelHolding(request.params.id);
+  if (model.empty()) {
+    absl::StatusOr<ModelRegistry::Found> found = admission_->registry().Find(model);
+    if (!found.ok()) return found.status();
+    model = found->model->name;
+  }
+  if (!request.params.start) return table_->Find(model, request.params.id);
   if (!request.kind_given) {
     args.kind = args.context ? core::AttentionKind::kCausalCross : core::AttentionKind::kCausal;
   }
   absl::StatusOr<uint64_t> version = ParseModelVersion(request.version);
   if (!version.ok()) return version.status();
-  absl::StatusOr<std::unique_ptr<Session>> session_opened =
-      admission_->OpenSession(request.model, *version, args.kind, args.input.batch(),
-                              args.context ? &*args.context : nullptr);
+  absl::StatusOr<std::unique_ptr<Session>> session_opened = admission_->OpenSession(
+      model, *version, args.kind, args.input.batch(), args.context ? &*args.context : nullptr,
+      /*restart=*/table_->Holds(model, request.params.id));
   if (!session_opened.ok()) return session_opened.status();
   *opened = true;
   return std::shared_ptr<Session>(*std::move(session_opened));
