@@ -111,14 +111,22 @@ void StreamInferCall::OnReadDone(bool ok) {
     Answer(params.status());
     return;
   }
-  ProtoSequenceStep* step;
+  std::shared_ptr<ProtoSequenceStep> step;  // held: its answer may end step_'s hold at once
   {
     std::lock_guard lock(mu_);
     step_ = std::make_shared<ProtoSequenceStep>(admission_, table_, &request_, **params,
                                                 response_.mutable_infer_response());
-    step = step_.get();
+    step = step_;
   }
   step->Run([this](absl::Status status) { Answer(status); });
+  // A cancel that came before the step waited (OnCancel found nothing to take back) takes it
+  // back now, if it waits.
+  bool cancelled;
+  {
+    std::lock_guard lock(mu_);
+    cancelled = cancelled_;
+  }
+  if (cancelled) step->Cancel(StepWithdrawn());
 }
 
 void StreamInferCall::Answer(const absl::Status& status) {
@@ -161,6 +169,7 @@ void StreamInferCall::OnCancel() {
   std::shared_ptr<ProtoSequenceStep> step;
   {
     std::lock_guard lock(mu_);
+    cancelled_ = true;
     step = step_;
   }
   if (step != nullptr) step->Cancel(StepWithdrawn());

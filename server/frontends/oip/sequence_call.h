@@ -75,6 +75,7 @@ class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   // Guarded by mu_; shared with OnCancel, which cancels it outside the lock (its answer takes
   // the lock) while the answer may end it.
   std::shared_ptr<ProtoSequenceStep> step_;
+  bool cancelled_ = false;  // guarded by mu_: OnCancel came (it may come before a step waits)
 };
 
 // ModelInfer for a sequence step: a unary call answered when the step has run.
