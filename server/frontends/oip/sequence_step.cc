@@ -72,10 +72,13 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   }
   // Once Step has taken the step, its answer may come on another thread at any time, and with
   // it the end of this object (a stream's next message): what follows the answer is the
-  // callback's alone.
-  absl::Status refused = session->Step(
+  // callback's alone. The callback holds the session (session_ is for Cancel), so that a
+  // sequence_end's session ends before its answer is sent, not when this function returns.
+  Session* const target = session.get();
+  absl::Status refused = target->Step(
       std::move(args),
-      [this, session, opened, end, id, model, done](absl::Status status) mutable {
+      [this, session = std::move(session), opened, end, id, model,
+       done](absl::Status status) mutable {
         if (status.ok()) {
           // A sequence_start takes the id over (the session it had ends) with its first
           // answer, before the client can send the next step; the sequence ends with its last.
