@@ -10,8 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -218,10 +218,13 @@ class DecodeServiceTest : public ::testing::Test {
 
   // The output row of the sequence's token at `position` (after the tokens before it), from a
   // Decode stream of its first position + 1 tokens.
-  std::vector<float> RowOfTheSequence(int64_t position) {
+  std::vector<float> RowOfTheSequence(int64_t position) { return RowOf(sequence_, position); }
+
+  // The same for the tokens of `tokens`.
+  std::vector<float> RowOf(const std::vector<float>& tokens, int64_t position) {
     grpc::ClientContext context;
     std::unique_ptr<Stream> stream = Open(&context);
-    v1::DecodeRequest first = Tokens(0, position + 1);
+    v1::DecodeRequest first = StepOf({tokens.data()}, {0}, {position + 1}, kWidth);
     first.set_kind(v1::ATTENTION_KIND_CAUSAL);
     const std::vector<float> all = TensorValues(Exchange(*stream, first).output());
     stream->WritesDone();
@@ -596,26 +599,7 @@ TEST_F(DecodeServiceTest, ADrainEndsOpenSessionsUnavailable) {
 // A ModelInferRequest appending tokens [from, from + n) of `sequence` to sequence `id`.
 inference::ModelInferRequest SequenceRequest(const std::vector<float>& sequence, int64_t from,
                                              int64_t n, uint64_t id, bool start, bool end) {
-  inference::ModelInferRequest request;
-  request.set_model_name("demo");
-  auto* input = request.add_inputs();
-  input->set_name("input");
-  input->set_datatype("FP32");
-  for (int64_t d : {int64_t{1}, n, kWidth}) input->add_shape(d);
-  request.add_raw_input_contents(std::string(
-      reinterpret_cast<const char*>(sequence.data() + from * kWidth), n * kWidth * sizeof(float)));
-  (*request.mutable_parameters())["sequence_id"].set_uint64_param(id);
-  if (start) (*request.mutable_parameters())["sequence_start"].set_bool_param(true);
-  if (end) (*request.mutable_parameters())["sequence_end"].set_bool_param(true);
-  return request;
-}
-
-std::vector<float> RawOutput(const inference::ModelInferResponse& response) {
-  if (response.raw_output_contents_size() == 0) return {};
-  const std::string& raw = response.raw_output_contents(0);
-  std::vector<float> out(raw.size() / sizeof(float));
-  std::memcpy(out.data(), raw.data(), raw.size());
-  return out;
+  return SequenceStepRequest("demo", sequence.data() + from * kWidth, n, kWidth, id, start, end);
 }
 
 TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
@@ -667,17 +651,9 @@ TEST_F(DecodeServiceTest, StepsOfASequenceSentAtOnceRunOneAtATime) {
   append(4, kLong + 4);
   append(kLong + 5, kLong + 6);
   std::vector<std::vector<float>> last_rows;
-  const std::vector<const std::vector<float>*> orders = {&prompt, &short_first};
-  for (const std::vector<float>* order : orders) {
-    grpc::ClientContext context;
-    std::unique_ptr<Stream> stream = Open(&context);
-    v1::DecodeRequest whole = StepOf({order->data()}, {0}, {kLong + 6}, kWidth);
-    whole.set_kind(v1::ATTENTION_KIND_CAUSAL);
-    const std::vector<float> out = TensorValues(Exchange(*stream, whole).output());
-    ASSERT_EQ(out.size(), static_cast<size_t>((kLong + 6) * kWidth));
-    last_rows.emplace_back(out.end() - kWidth, out.end());
-    stream->WritesDone();
-    EXPECT_TRUE(stream->Finish().ok());
+  for (const std::vector<float>& order : {std::cref(prompt), std::cref(short_first)}) {
+    last_rows.push_back(RowOf(order, kLong + 5));
+    ASSERT_EQ(last_rows.back().size(), static_cast<size_t>(kWidth));
   }
   for (uint64_t id = 1; id <= 3; ++id) {
     inference::ModelInferResponse response;
@@ -720,18 +696,8 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   constexpr int64_t kLong = 10000;  // far longer to compute than the waiting step's deadline
   const std::vector<float> prompt = LongPrompt(kLong + 5);
   // The row of the sequence's last token without the step taken back, from a Decode stream.
-  std::vector<float> want;
-  {
-    grpc::ClientContext context;
-    std::unique_ptr<Stream> stream = Open(&context);
-    v1::DecodeRequest whole = StepOf({prompt.data()}, {0}, {kLong + 5}, kWidth);
-    whole.set_kind(v1::ATTENTION_KIND_CAUSAL);
-    const std::vector<float> out = TensorValues(Exchange(*stream, whole).output());
-    ASSERT_EQ(out.size(), static_cast<size_t>((kLong + 5) * kWidth));
-    want.assign(out.end() - kWidth, out.end());
-    stream->WritesDone();
-    EXPECT_TRUE(stream->Finish().ok());
-  }
+  const std::vector<float> want = RowOf(prompt, kLong + 4);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kWidth));
   inference::ModelInferResponse response;
   ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 11, true, false), &response).ok());
   const double tokens_before = Counter("attnserve_decode_tokens_total");

@@ -20,7 +20,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -122,7 +121,8 @@ std::vector<float> Input(int64_t length, int seed = 0) {
 }
 
 // What the fixture's layer answers for Input(length, seed), computed here by core::Layer.
-std::vector<float> Expected(const std::string& fixture, int64_t length, int seed = 0) {
+std::vector<float> Expected(const std::string& fixture, int64_t length, int seed = 0,
+                            core::AttentionKind kind = core::AttentionKind::kBidirectional) {
   absl::StatusOr<core::LayerWeights> weights = core::LoadLayerWeights(Fixture(fixture), {});
   EXPECT_TRUE(weights.ok()) << weights.status();
   absl::StatusOr<std::shared_ptr<const core::Layer>> layer =
@@ -130,6 +130,7 @@ std::vector<float> Expected(const std::string& fixture, int64_t length, int seed
   EXPECT_TRUE(layer.ok()) << layer.status();
   const std::vector<float> input = Input(length, seed);
   core::ForwardArgs args;
+  args.kind = kind;
   args.input.width = kWidth;
   args.input.data = input.data();
   args.input.lengths = {length};
@@ -525,18 +526,7 @@ TEST(RepositoryTest, ADecodeSessionFinishesOnItsVersionAcrossASwap) {
   const std::vector<float> rest = step(*old_session, 10, 4, false);
   got.insert(got.end(), rest.begin(), rest.end());
   // Version 1's own causal forward over the 14 tokens, computed here.
-  absl::StatusOr<core::LayerWeights> weights = core::LoadLayerWeights(Fixture(kWeightsA), {});
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  absl::StatusOr<std::shared_ptr<const core::Layer>> layer =
-      core::Layer::Create(*std::move(weights));
-  ASSERT_TRUE(layer.ok());
-  core::ForwardArgs args;
-  args.kind = core::AttentionKind::kCausal;
-  args.input.data = input.data();
-  args.input.width = kWidth;
-  args.input.lengths = {14};
-  std::vector<float> want((*layer)->Shapes(args).output_size());
-  ASSERT_TRUE((*layer)->Forward(args, want).ok());
+  const std::vector<float> want = Expected(kWeightsA, 14, 0, core::AttentionKind::kCausal);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
   // A session opened now is on version 2: its first rows differ.
@@ -570,25 +560,16 @@ TEST(RepositoryTest, ASequenceThatNamesNoModelGoesOnWhenTheModelsChange) {
   const std::vector<float> input = Input(6);
   std::vector<float> got;
   auto step = [&](int64_t from, int64_t n, bool start, bool end) {
-    inference::ModelInferRequest request;  // no model_name
-    auto* tensor = request.add_inputs();
-    tensor->set_name("input");
-    tensor->set_datatype("FP32");
-    for (int64_t d : {int64_t{1}, n, kWidth}) tensor->add_shape(d);
-    request.add_raw_input_contents(std::string(
-        reinterpret_cast<const char*>(input.data() + from * kWidth), n * kWidth * sizeof(float)));
-    (*request.mutable_parameters())["sequence_id"].set_uint64_param(3);
-    (*request.mutable_parameters())["sequence_start"].set_bool_param(start);
-    (*request.mutable_parameters())["sequence_end"].set_bool_param(end);
+    // No model name.
+    const inference::ModelInferRequest request =
+        SequenceStepRequest("", input.data() + from * kWidth, n, kWidth, 3, start, end);
     inference::ModelInferResponse response;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + seconds(30));
     const grpc::Status status = infer->ModelInfer(&context, request, &response);
-    if (status.ok() && response.raw_output_contents_size() == 1) {
-      const std::string& raw = response.raw_output_contents(0);
-      const size_t at = got.size();
-      got.resize(at + raw.size() / sizeof(float));
-      std::memcpy(got.data() + at, raw.data(), raw.size());
+    if (status.ok()) {
+      const std::vector<float> rows = RawOutput(response);
+      got.insert(got.end(), rows.begin(), rows.end());
     }
     return status;
   };
@@ -600,18 +581,7 @@ TEST(RepositoryTest, ASequenceThatNamesNoModelGoesOnWhenTheModelsChange) {
   status = step(5, 1, false, true);
   ASSERT_TRUE(status.ok()) << "with its model unloaded: " << status.error_message();
   // The six rows are model a's causal forward over the six tokens, computed here.
-  absl::StatusOr<core::LayerWeights> weights = core::LoadLayerWeights(Fixture(kWeightsA), {});
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  absl::StatusOr<std::shared_ptr<const core::Layer>> layer =
-      core::Layer::Create(*std::move(weights));
-  ASSERT_TRUE(layer.ok());
-  core::ForwardArgs args;
-  args.kind = core::AttentionKind::kCausal;
-  args.input.data = input.data();
-  args.input.width = kWidth;
-  args.input.lengths = {6};
-  std::vector<float> want((*layer)->Shapes(args).output_size());
-  ASSERT_TRUE((*layer)->Forward(args, want).ok());
+  const std::vector<float> want = Expected(kWeightsA, 6, 0, core::AttentionKind::kCausal);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
   // Its sequence ended, a step naming no model goes to the only model, b: id 3 is unknown there.

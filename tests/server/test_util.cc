@@ -175,6 +175,31 @@ std::shared_ptr<grpc::Channel> Connect(int port) {
                                    grpc::InsecureChannelCredentials(), args);
 }
 
+inference::ModelInferRequest SequenceStepRequest(const std::string& model, const float* rows,
+                                                 int64_t n, int64_t width, uint64_t id, bool start,
+                                                 bool end) {
+  inference::ModelInferRequest request;
+  request.set_model_name(model);
+  auto* input = request.add_inputs();
+  input->set_name("input");
+  input->set_datatype("FP32");
+  for (int64_t d : {int64_t{1}, n, width}) input->add_shape(d);
+  request.add_raw_input_contents(
+      std::string(reinterpret_cast<const char*>(rows), n * width * sizeof(float)));
+  (*request.mutable_parameters())["sequence_id"].set_uint64_param(id);
+  if (start) (*request.mutable_parameters())["sequence_start"].set_bool_param(true);
+  if (end) (*request.mutable_parameters())["sequence_end"].set_bool_param(true);
+  return request;
+}
+
+std::vector<float> RawOutput(const inference::ModelInferResponse& response) {
+  if (response.raw_output_contents_size() == 0) return {};
+  const std::string& raw = response.raw_output_contents(0);
+  std::vector<float> out(raw.size() / sizeof(float));
+  std::memcpy(out.data(), raw.data(), raw.size());
+  return out;
+}
+
 v1::Tensor MakeTensor(const std::vector<int64_t>& shape, const std::vector<float>& values,
                       bool raw) {
   v1::Tensor tensor;

@@ -18,6 +18,7 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "inference/grpc_service.pb.h"
 #include "server/options.h"
 #include "server/server.h"
 #include "tests/common/golden.h"
@@ -40,6 +41,15 @@ v1::ForwardRequest DemoRequest(int64_t batch, int64_t seq,
 
 // The floats of `tensor`, whichever encoding it uses.
 std::vector<float> TensorValues(const v1::Tensor& tensor);
+
+// A ModelInfer request appending `n` rows of `width` floats from `rows` ([1, n, width], raw) to
+// sequence `id` of `model` ("" for the only model), with Triton's sequence parameters.
+inference::ModelInferRequest SequenceStepRequest(const std::string& model, const float* rows,
+                                                 int64_t n, int64_t width, uint64_t id, bool start,
+                                                 bool end);
+
+// A ModelInfer response's first raw output as floats (empty without one).
+std::vector<float> RawOutput(const inference::ModelInferResponse& response);
 
 // The server-side model name used for the golden cases' weights file `weights_path`.
 std::string GoldenModelName(const test::GoldenCase& c);

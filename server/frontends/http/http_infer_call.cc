@@ -88,16 +88,20 @@ void HttpInferCall::Finish(const absl::Status& status) {
 }
 
 absl::Status HttpInferCall::Wait() {
+  // The queue answers a call whose caller is gone at once; a running one finishes.
+  return Wait([this] { CallerGone(); }, "the deadline passed while the call computed");
+}
+
+absl::Status HttpInferCall::Wait(const std::function<void()>& at_deadline, absl::string_view late) {
   std::unique_lock lock(mu_);
   if (done_cv_.wait_until(lock, deadline(), [this] { return done_; })) return status_;
-  // The queue answers a call whose caller is gone at once; a running one finishes, and is
-  // answered as too late all the same (as gRPC's deadline is).
   lock.unlock();
-  CallerGone();
+  at_deadline();
   lock.lock();
   done_cv_.wait(lock, [this] { return done_; });
+  // Finished after its deadline: answered as too late all the same (as gRPC's deadline is).
   if (!status_.ok()) return status_;
-  return absl::DeadlineExceededError("the deadline passed while the call computed");
+  return absl::DeadlineExceededError(late);
 }
 
 }  // namespace attnserve::server

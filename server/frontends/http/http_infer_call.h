@@ -1,6 +1,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -58,6 +59,10 @@ class HttpInferCall final : public Job {
   // Blocks until Finish; tells the queue the caller is gone once its deadline passes. The
   // call's status; DeadlineExceeded for a call that finished after its deadline.
   absl::Status Wait();
+  // The same for work other than admission's queue (a sequence step that Finishes the call):
+  // `at_deadline` takes it back if it can; finished OK after the deadline, DeadlineExceeded
+  // saying `late`.
+  absl::Status Wait(const std::function<void()>& at_deadline, absl::string_view late);
 
   // Decodes the body now if it may be a sequence step (its JSON names sequence_id, as
   // HasSequenceId looks in a gRPC request): true when it is one, to be run as a step instead of

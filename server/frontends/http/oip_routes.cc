@@ -1,7 +1,5 @@
 #include "server/frontends/http/oip_routes.h"
 
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <string>
 
@@ -106,26 +104,13 @@ absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
     call.set_computed_by(version);
     return PrepareHttpOutputs(shapes, &decoded);
   };
-  std::mutex mu;
-  std::condition_variable answered;
-  std::optional<absl::Status> result;
   SequenceStep step(&admission, &sequences);
-  step.Run(request, [&](absl::Status status) {
-    std::lock_guard lock(mu);
-    result = std::move(status);
-    answered.notify_one();
-  });
-  std::unique_lock lock(mu);
-  if (answered.wait_until(lock, call.deadline(), [&] { return result.has_value(); })) {
-    return *result;
-  }
-  lock.unlock();
-  step.Cancel(absl::DeadlineExceededError(
-      "the deadline passed while the step waited for its turn: the sequence is unchanged"));
-  lock.lock();
-  answered.wait(lock, [&] { return result.has_value(); });
-  if (!result->ok()) return *result;
-  return absl::DeadlineExceededError(
+  step.Run(request, [&call](absl::Status status) { call.Finish(status); });
+  return call.Wait(
+      [&step] {
+        step.Cancel(absl::DeadlineExceededError(
+            "the deadline passed while the step waited for its turn: the sequence is unchanged"));
+      },
       "the deadline passed while the step computed; the sequence holds it");
 }
 
