@@ -655,6 +655,16 @@ TEST(HttpSequenceDeadlineTest, StepsPastTheirDeadlineAre504AndAWaitingOneIsTaken
   // The sequence holds the prompt and the long step, not the step taken back.
   const HttpReply got = step(kLong + 5, 1, "late", false, true);
   ASSERT_EQ(got.status, 200) << got.body.substr(0, 300);
+  // Messages are counted by what the server did, as over gRPC: the long step computed (OK,
+  // beside the five other steps), the one taken back did not.
+  absl::StatusOr<std::map<std::string, double>> series = Scrape(server->metrics_port());
+  ASSERT_TRUE(series.ok()) << series.status();
+  auto messages = [&](const std::string& code) {
+    return (*series)[SeriesKey("attnserve_session_messages_total",
+                               {{"model", "demo"}, {"code", code}})];
+  };
+  EXPECT_EQ(messages("OK"), 6);
+  EXPECT_EQ(messages("DEADLINE_EXCEEDED"), 1);
   const std::vector<float> got_row = RestOutputs(got).at("output").second;
   const std::vector<float> want_row = RestOutputs(want).at("output").second;
   ASSERT_EQ(got_row.size(), static_cast<size_t>(kWidth));

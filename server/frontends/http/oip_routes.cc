@@ -90,12 +90,16 @@ void Reply(HttpExchange& exchange, absl::string_view model, int64_t version,
 // DeadlineExceeded as well (as gRPC's deadline does), its message saying the sequence holds it.
 absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
                              const HttpExchange& exchange, HttpInferCall& call) {
+  const std::string& model = exchange.params.at("model");
   if (Clock::now() >= call.deadline()) {
-    return absl::DeadlineExceededError("the deadline passed before the step began");
+    const absl::Status late =
+        absl::DeadlineExceededError("the deadline passed before the step began");
+    admission.SessionMessageAnswered(model, late);
+    return late;
   }
   DecodedHttpInfer& decoded = call.decoded();
   SequenceRequest request;
-  request.model = exchange.params.at("model");
+  request.model = model;
   request.version = Version(exchange);
   request.params = *decoded.sequence;
   request.kind_given = decoded.kind_given;
@@ -105,7 +109,12 @@ absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
     return PrepareHttpOutputs(shapes, &decoded);
   };
   SequenceStep step(&admission, &sequences);
-  step.Run(request, [&call](absl::Status status) { call.Finish(status); });
+  step.Run(request, [&](absl::Status status) {
+    // Counted by what the server did, as over gRPC: a step that computed past its deadline is
+    // OK here though its caller gets 504.
+    admission.SessionMessageAnswered(model, status);
+    call.Finish(status);
+  });
   return call.Wait(
       [&step] {
         step.Cancel(absl::DeadlineExceededError(
@@ -138,7 +147,6 @@ void Infer(Admission& admission, SequenceTable& sequences, const HttpBodyLimits&
   HttpInferCall call(model, Version(exchange), std::move(body), arrival, *deadline);
   if (call.IsSequenceStep()) {
     const absl::Status status = RunSequenceStep(admission, sequences, exchange, call);
-    admission.SessionMessageAnswered(model, status);
     if (!status.ok()) return ReplyError(exchange, status);
     return Reply(exchange, model, call.computed_by(), call.decoded());
   }
