@@ -9,10 +9,12 @@
 
 namespace attnserve::server {
 
-SequenceTable::SequenceTable(std::chrono::milliseconds idle_timeout)
+SequenceTable::SequenceTable(std::chrono::milliseconds idle_timeout,
+                             std::chrono::milliseconds reap_every)
     : idle_timeout_(idle_timeout),
-      reaper_(std::clamp(idle_timeout / 4, std::chrono::milliseconds(10),
-                         std::chrono::milliseconds(1000)),
+      reaper_(reap_every.count() > 0 ? reap_every
+                                     : std::clamp(idle_timeout / 4, std::chrono::milliseconds(10),
+                                                  std::chrono::milliseconds(1000)),
               [this] {
                 Reap();
                 return true;
@@ -28,10 +30,11 @@ void SequenceTable::Start(const std::string& id, std::shared_ptr<Session> sessio
     std::lock_guard lock(mu_);
     const Clock::time_point now = Clock::now();
     Entry& entry = entries_[Key(model, id)];
+    const bool in_use = entry.session != nullptr && !Expired(entry, now);
     old = std::move(entry.session);
     entry = {std::move(session), now};
     // Once a second at most: clients restarting ids in a loop must not flood the log.
-    if (old != nullptr && now - last_restart_log_ >= std::chrono::seconds(1)) {
+    if (in_use && now - last_restart_log_ >= std::chrono::seconds(1)) {
       last_restart_log_ = now;
       log = true;
     }
@@ -44,14 +47,21 @@ void SequenceTable::Start(const std::string& id, std::shared_ptr<Session> sessio
 
 absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& model,
                                                              const std::string& id) {
+  std::shared_ptr<Session> expired;  // freed outside the lock
   std::lock_guard lock(mu_);
+  const Clock::time_point now = Clock::now();
   auto it = entries_.find(Key(model, id));
+  if (it != entries_.end() && Expired(it->second, now)) {  // the reaper has not come by yet
+    expired = std::move(it->second.session);
+    entries_.erase(it);
+    it = entries_.end();
+  }
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat("sequence ", Clipped(id), " of model '", Clipped(model),
                                             "' has no session: never started, ended, or idle past "
                                             "--session-idle-timeout; send sequence_start"));
   }
-  it->second.last_used = Clock::now();
+  it->second.last_used = now;
   return it->second.session;
 }
 
@@ -74,14 +84,16 @@ void SequenceTable::Touch(const std::string& model, const std::string& id, const
 
 bool SequenceTable::Holds(const std::string& model, const std::string& id) const {
   std::lock_guard lock(mu_);
-  return entries_.contains(Key(model, id));
+  auto it = entries_.find(Key(model, id));
+  return it != entries_.end() && !Expired(it->second, Clock::now());
 }
 
 std::string SequenceTable::OnlyModelHolding(const std::string& id) const {
   std::lock_guard lock(mu_);
+  const Clock::time_point now = Clock::now();
   std::string model;
   for (const auto& [key, entry] : entries_) {
-    if (key.second != id) continue;
+    if (key.second != id || Expired(entry, now)) continue;
     if (!model.empty()) return "";
     model = key.first;
   }
@@ -93,13 +105,17 @@ size_t SequenceTable::size() const {
   return entries_.size();
 }
 
+bool SequenceTable::Expired(const Entry& entry, Clock::time_point now) const {
+  // A session a request is using (a step in flight holds it too) is not idle.
+  return now - entry.last_used >= idle_timeout_ && entry.session.use_count() == 1;
+}
+
 void SequenceTable::Reap() {
   std::vector<std::shared_ptr<Session>> ended;  // freed outside the lock
   const Clock::time_point now = Clock::now();
   std::lock_guard lock(mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {
-    // A session a request is using (a step in flight holds it too) is not idle.
-    if (now - it->second.last_used < idle_timeout_ || it->second.session.use_count() > 1) {
+    if (!Expired(it->second, now)) {
       ++it;
       continue;
     }

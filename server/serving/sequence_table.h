@@ -20,8 +20,11 @@ namespace attnserve::server {
 // `idle_timeout` without a request.
 class SequenceTable {
  public:
-  // Starts the idle reaper.
-  explicit SequenceTable(std::chrono::milliseconds idle_timeout);
+  // Starts the idle reaper, which looks every `reap_every` (by default a quarter of the
+  // timeout, within 10 ms and 1 s). A request never reaches a session idle past the timeout,
+  // whether or not the reaper has ended it yet.
+  explicit SequenceTable(std::chrono::milliseconds idle_timeout,
+                         std::chrono::milliseconds reap_every = std::chrono::milliseconds(0));
   ~SequenceTable();
 
   SequenceTable(const SequenceTable&) = delete;
@@ -58,6 +61,8 @@ class SequenceTable {
     std::shared_ptr<Session> session;
     Clock::time_point last_used;
   };
+  // Whether `entry` is idle past the timeout at `now`, no request using it.
+  bool Expired(const Entry& entry, Clock::time_point now) const;
   // Ends the sessions idle past the timeout that no request is using.
   void Reap();
 

@@ -582,5 +582,31 @@ TEST(SequenceTableTest, TheIdleClockRestartsWhenARequestIsAnswered) {
   EXPECT_TRUE(table.Find("m", "answered").ok()) << "reaped although answered just now";
 }
 
+// A session idle past the timeout is gone for requests at once, not when the reaper next
+// comes by (here never).
+TEST(SequenceTableTest, ASequenceIdlePastTheTimeoutIsNotFoundBeforeTheReaperComes) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  SequenceTable table(std::chrono::milliseconds(100), /*reap_every=*/std::chrono::hours(1));
+  for (const char* id : {"idle", "used"}) {
+    absl::StatusOr<std::unique_ptr<Session>> opened =
+        manager.Open(DemoVersion(), core::AttentionKind::kCausal, 1, nullptr, &queue, nullptr);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    table.Start(id, std::shared_ptr<Session>(*std::move(opened)));
+  }
+  absl::StatusOr<std::shared_ptr<Session>> used = table.Find("m", "used");  // a step in flight
+  ASSERT_TRUE(used.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_FALSE(table.Holds("m", "idle"));
+  EXPECT_EQ(table.OnlyModelHolding("idle"), "");
+  EXPECT_EQ(table.Find("m", "idle").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.size(), 1u) << "the idle session was not ended when found idle";
+  EXPECT_EQ(manager.open(), 1);
+  // One a request holds is not idle, however long it has been.
+  EXPECT_TRUE(table.Holds("m", "used"));
+  EXPECT_TRUE(table.Find("m", "used").ok());
+}
+
 }  // namespace
 }  // namespace attnserve::server::testing
