@@ -257,7 +257,7 @@ template <typename T>
 // The most queries a tile takes, and the most dimensions (queries x heads x head_dim) and
 // (query, head) states a tile's group of heads spans: its state lives on the stack.
 constexpr int64_t kMaxTileQueries = 8;
-constexpr int64_t kMaxTileDims = 4096;
+constexpr int64_t kMaxTileDims = kMaxDecodeHeadDim;  // one query of one head at least
 constexpr int64_t kMaxTileStates = 128;
 
 // A tile of `count` queries of one sequence (consecutive new tokens of a prompt's chunk, or one

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/kv_cache.h"
+#include "core/layer_spec.h"
 
 namespace attnserve::core {
 
@@ -28,8 +29,8 @@ struct KvQuery {
 // consecutive queries of one sequence (a prompt's chunk) share each block read from memory, and a
 // tile takes as many of its heads together as its state on the stack allows (every head, up to a
 // point), so that each cached block is read as one stream; fewer heads a task when there are too
-// few tiles to share among the threads. head_dim <= 512 (Layer::Decode checks), and each query's
-// cache has that head_dim.
+// few tiles to share among the threads. head_dim <= kMaxDecodeHeadDim (Layer::Decode checks),
+// and each query's cache has that head_dim.
 // Runs on the widest kernel this CPU has (AVX-512, AVX2 with FMA, portable), or the portable one
 // under ATTNSERVE_ATTENTION_KERNEL=portable.
 void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,

@@ -586,8 +586,11 @@ absl::Status Layer::Impl::Decode(AttentionKind kind,
   int64_t tokens = 0;
   for (const DecodeSequence& seq : sequences) tokens += seq.tokens;
   if (tokens == 0) return absl::OkStatus();
-  if (spec.head_dim > 512) {
-    return absl::UnimplementedError("decode sessions serve heads of at most 512 dimensions");
+  if (!spec.ServesSessions(kind)) {
+    return absl::UnimplementedError(
+        absl::StrCat("decode sessions serve causal kinds with heads of "
+                     "at most ",
+                     kMaxDecodeHeadDim, " dimensions"));
   }
   const bool causal_self = kind == AttentionKind::kCausal;
   const int64_t inner = spec.inner(), rows = MatmulRows(tokens);

@@ -24,6 +24,10 @@ inline constexpr AttentionKind kAttentionKinds[] = {AttentionKind::kBidirectiona
                                                     AttentionKind::kCausal, AttentionKind::kCross,
                                                     AttentionKind::kCausalCross};
 
+// The widest head decode sessions serve: a head's running state (of every query of a tile)
+// lives on the stack of the cache's attention (kv_attention.cc).
+inline constexpr int64_t kMaxDecodeHeadDim = 4096;
+
 // The one spelling of each kind everywhere but the proto enum: "bidirectional", "causal",
 // "cross", "causal_cross" (the enum's names lower-cased) in logs, metrics, the CLI and the
 // Open Inference Protocol's `kind` parameter.
@@ -69,6 +73,11 @@ struct LayerSpec {
   // The one decision of which kinds a layer serves: the cross kinds always, the self kinds when
   // keys and values can be read from the input.
   bool Serves(AttentionKind kind) const { return IsCross(kind) || serves_self_attention(); }
+  // The one decision of which kinds decode sessions serve: the causal kinds the layer serves,
+  // with heads of at most kMaxDecodeHeadDim.
+  bool ServesSessions(AttentionKind kind) const {
+    return IsCausal(kind) && Serves(kind) && head_dim <= kMaxDecodeHeadDim;
+  }
 };
 
 }  // namespace attnserve::core

@@ -24,6 +24,7 @@ struct ModelSummary {
   bool has_bias = false;
   bool has_output_projection = false;
   std::vector<core::AttentionKind> kinds;  // the kinds it serves, in kAttentionKinds order
+  bool serves_sessions = false;            // decode sessions of a causal kind
   std::string source;                      // the weights file, or "built-in"
 };
 

@@ -123,6 +123,7 @@ ModelSummary Summarize(absl::string_view name, absl::string_view source, const c
                        .source = std::string(source)};
   for (core::AttentionKind kind : core::kAttentionKinds) {
     if (spec.Serves(kind)) summary.kinds.push_back(kind);
+    if (spec.ServesSessions(kind)) summary.serves_sessions = true;
   }
   return summary;
 }

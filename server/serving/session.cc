@@ -48,6 +48,11 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
         "model '", model, "' does not serve ", std::string(core::KindName(kind)), " (d_context ",
         layer->spec().d_context, " != d_model ", layer->spec().d_model, ")"));
   }
+  if (!layer->spec().ServesSessions(kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", model, "' serves no decode sessions: its heads of ", layer->spec().head_dim,
+        " dimensions are over the ", core::kMaxDecodeHeadDim, " sessions serve"));
+  }
   if (batch <= 0) {
     return absl::InvalidArgumentError("a session's first message has no sequences");
   }

@@ -237,7 +237,8 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
   ASSERT_FALSE(flavours.empty());
   EXPECT_EQ(flavours.back(), "portable");
   for (const std::string& flavour : flavours) {
-    for (const int64_t head_dim : {8, 21, 24, 64, 80, 128}) {
+    // 768 and 4096: a head whose tile holds fewer queries, and the widest sessions serve.
+    for (const int64_t head_dim : {8, 21, 24, 64, 80, 128, 768, 4096}) {
       for (const KvPrecision precision : {KvPrecision::kF32, KvPrecision::kBF16}) {
         constexpr int64_t kHeads = 3;
         const int64_t width = kHeads * head_dim;

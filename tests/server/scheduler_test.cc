@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "server/serving/compute_executor.h"
 #include "server/serving/decode_queue.h"
+#include "server/serving/model_registry.h"
 #include "server/serving/run_cost.h"
 #include "server/serving/sequence_table.h"
 #include "server/serving/session.h"
@@ -606,6 +607,43 @@ TEST(SequenceTableTest, ASequenceIdlePastTheTimeoutIsNotFoundBeforeTheReaperCome
   // One a request holds is not idle, however long it has been.
   EXPECT_TRUE(table.Holds("m", "used"));
   EXPECT_TRUE(table.Find("m", "used").ok());
+}
+
+// A causal model whose heads are too wide for the cache's attention serves calls but no
+// sessions: ListModels says so (its summary), and a session is refused when it opens, not at
+// every step after.
+TEST(SessionManagerTest, HeadsWiderThanSessionsServeAreRefusedWhenTheSessionOpens) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  for (const int64_t head_dim : {core::kMaxDecodeHeadDim, core::kMaxDecodeHeadDim + 1}) {
+    core::LayerWeights weights;
+    weights.spec = {.d_model = 4,
+                    .d_context = 4,
+                    .num_heads = 1,
+                    .head_dim = head_dim,
+                    .has_bias = false,
+                    .has_output_projection = true,
+                    .layout = core::WeightLayout::kBuiltIn};
+    weights.w_q.assign(head_dim * 4, 0.01f);
+    weights.w_k = weights.w_v = weights.w_q;
+    weights.w_o.assign(4 * head_dim, 0.01f);
+    absl::StatusOr<std::shared_ptr<const core::Layer>> layer =
+        core::Layer::Create(std::move(weights));
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    const bool serves = head_dim <= core::kMaxDecodeHeadDim;
+    EXPECT_EQ(Summarize("m", "test", **layer).serves_sessions, serves) << head_dim;
+    VersionHandle version = std::make_shared<ModelVersion>(
+        ModelVersion{.name = "m", .version = 1, .source = "test", .layer = *layer, .summary = {}});
+    absl::StatusOr<std::unique_ptr<Session>> opened =
+        manager.Open(version, core::AttentionKind::kCausal, 1, nullptr, &queue, nullptr);
+    if (serves) {
+      EXPECT_TRUE(opened.ok()) << opened.status();
+    } else {
+      EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(opened.status().message().find("4096"), std::string::npos) << opened.status();
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,5 @@
 #include "server/frontends/v1/attention_service.h"
 
-#include <algorithm>
 #include <string>
 
 #include "server/frontends/raw_call.h"
@@ -68,7 +67,7 @@ v1::ModelInfo DescribeModel(const ModelSummary& model) {
   info.set_precision(model.precision);
   for (core::AttentionKind kind : model.kinds) info.add_kinds(KindToProto(kind));
   info.set_source(model.source);
-  info.set_serves_sessions(std::any_of(model.kinds.begin(), model.kinds.end(), core::IsCausal));
+  info.set_serves_sessions(model.serves_sessions);
   return info;
 }
 
