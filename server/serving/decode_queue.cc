@@ -191,6 +191,8 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   }
   const std::shared_ptr<const core::Layer>& layer = steps.front()->session->layer();
   absl::Status status;
+  // A step's own failure (its context's projection), which fails it alone.
+  std::vector<absl::Status> own(steps.size());
   std::vector<core::DecodeSequence> run;
   std::vector<size_t> step_of, sequence_of;  // each run entry's step and sequence
   try {
@@ -230,13 +232,15 @@ void DecodeQueue::RunNext(Clock::time_point now) {
       // Each session's state is read and written under its lock: its frontend's next Step
       // (on another thread, after this step's answer) sees what this run did.
       std::lock_guard session_lock(session.mu_);
-      // A causal cross session's context is projected once, by its first run.
-      for (size_t b = 0; b < session.pending_context_.size() && status.ok(); ++b) {
+      // A causal cross session's context is projected once, by its first run; if that fails,
+      // its step fails and the others go on.
+      for (size_t b = 0; b < session.pending_context_.size() && own[i].ok(); ++b) {
         const int64_t tokens =
             static_cast<int64_t>(session.pending_context_[b].size()) / layer->spec().d_context;
-        status = layer->ProjectContext(session.pending_context_[b].data(), tokens,
+        own[i] = layer->ProjectContext(session.pending_context_[b].data(), tokens,
                                        session.contexts_[b].get());
       }
+      if (!own[i].ok()) continue;
       session.pending_context_.clear();
       int64_t budget = chunk_tokens_;
       AddChunk(*steps[i], &budget, Short(*steps[i]) ? nullptr : &prefill_reads, &run, &sequence_of);
@@ -252,6 +256,7 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   // Each step's sequences move on by what this run computed; a step done frees the blocks it
   // reserved and did not use.
   std::vector<bool> finished(steps.size());
+  std::vector<absl::Status> status_of(steps.size(), status);
   size_t k = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     Pending& step = *steps[i];
@@ -261,7 +266,8 @@ void DecodeQueue::RunNext(Clock::time_point now) {
       step.done_tokens[sequence_of[k]] += run[k].tokens;
       step.session->positions_[sequence_of[k]] += run[k].tokens;
     }
-    finished[i] = !status.ok() || Finished(step);
+    if (status.ok()) status_of[i] = own[i];
+    finished[i] = !status_of[i].ok() || Finished(step);
     if (finished[i]) {
       for (auto& cache : step.session->caches_) cache->Shrink();
     }
@@ -272,7 +278,7 @@ void DecodeQueue::RunNext(Clock::time_point now) {
     for (size_t i = 0; i < steps.size(); ++i) {
       steps[i]->running = false;
       if (!finished[i]) continue;
-      answers.emplace_back(std::move(steps[i]->done), status);
+      answers.emplace_back(std::move(steps[i]->done), status_of[i]);
       steps[i]->answered = true;
     }
     pending_.remove_if([](const Pending& step) { return step.answered; });

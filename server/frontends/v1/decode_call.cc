@@ -61,6 +61,7 @@ void DecodeCall::Take() {
   {
     std::lock_guard lock(mu_);
     step_in_flight_ = true;
+    first_step_ = opening;
   }
   const absl::Status refused =
       session_->Step(std::move(args), [this](absl::Status status) { StepDone(status); });
@@ -162,6 +163,8 @@ void DecodeCall::StepDone(const absl::Status& status) {
     std::lock_guard lock(mu_);
     step_in_flight_ = false;
     cancelled = cancelled_;
+    // A first message that failed when it ran opened nothing either, as one refused before.
+    if (first_step_ && !status.ok()) session_.reset();
   }
   if (cancelled) {
     End(ToGrpcStatus(absl::CancelledError("the stream ended")));

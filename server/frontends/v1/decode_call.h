@@ -61,6 +61,7 @@ class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   // which they use the messages is visible to it too.
   std::mutex mu_;
   bool step_in_flight_ = false;  // guarded by mu_
+  bool first_step_ = false;      // guarded by mu_: the step in flight is the session's first
   bool cancelled_ = false;       // guarded by mu_
   bool finished_ = false;        // guarded by mu_
 };
