@@ -21,6 +21,12 @@ constexpr int64_t kMinPrefillReads = 16 * 1024;
 // Sessions whose short steps ran this recently are generating: a run of prompts alone costs no
 // more than their steps.
 constexpr std::chrono::milliseconds kGeneratingWindow{100};
+// Other sessions count as about to step, and a prompt's chunk is held to a chunk's cost at
+// position 0, while short steps ran this recently. Sessions idle for longer (a chat waiting on
+// its user) wait for one larger chunk when they step again, rather than every long prompt
+// running in chunks of a few tokens (near position 16k, 12 demo tokens: the whole cache read
+// again for each).
+constexpr std::chrono::seconds kSteppingWindow{1};
 
 }  // namespace
 
@@ -178,10 +184,20 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   {
     std::lock_guard lock(mu_);
     if (pending_.empty()) return;
-    // One kind and one version a run (one Layer::Decode); the others' steps go next, in
-    // arrival order.
-    const core::AttentionKind kind = pending_.front().session->kind();
-    const core::Layer* layer = pending_.front().session->layer().get();
+    // One kind and one version a run (one Layer::Decode). They take turns: when steps of
+    // another kind or version than the last run's wait, the first of them leads this run, so a
+    // long prompt's chunks alternate with them instead of holding them to its end.
+    const Pending* lead = &pending_.front();
+    for (const Pending& step : pending_) {
+      if (step.session->kind() != last_kind_ || step.session->layer().get() != last_layer_) {
+        lead = &step;
+        break;
+      }
+    }
+    const core::AttentionKind kind = lead->session->kind();
+    const core::Layer* layer = lead->session->layer().get();
+    last_kind_ = kind;
+    last_layer_ = layer;
     for (Pending& step : pending_) {
       if (step.session->kind() != kind || step.session->layer().get() != layer) continue;
       step.running = true;
@@ -210,10 +226,12 @@ void DecodeQueue::RunNext(Clock::time_point now) {
       any_short = true;
       short_reads += Reads(*step);
     }
-    // And, when other sessions are open, never more than a chunk of chunk_tokens at position 0:
-    // with many sessions, a moment with no step waiting comes often, and a 256-token chunk at
-    // position 4000 then held their next steps for 15 times as long.
-    const bool others = sessions_.load() > long_steps;
+    // And, when other sessions are open and stepping (kSteppingWindow), never more than a chunk
+    // of chunk_tokens at position 0: with many sessions, a moment with no step waiting comes
+    // often, and a 256-token chunk at position 4000 then held their next steps for 15 times as
+    // long.
+    const bool others =
+        sessions_.load() > long_steps && (any_short || now - recent_short_at_ < kSteppingWindow);
     const int64_t max_prefill = others ? chunk_tokens_ * (chunk_tokens_ + 2 * layer->spec().d_model)
                                        : std::numeric_limits<int64_t>::max();
     // A run of prompts alone, in a moment between the steps of sessions that are generating

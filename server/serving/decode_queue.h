@@ -19,11 +19,11 @@ namespace attnserve::server {
 class ModelMetrics;
 
 // One model's decode steps, of all its sessions, run by the compute executor in turns with the
-// model's Forward calls: each run takes the waiting steps (of one kind) and computes them as one
-// Layer::Decode (continuous batching: every session's new tokens in one matmul), a long step a
-// chunk at a time so that it does not stall the others: up to `chunk_tokens` a sequence a run
-// and, when other sessions are open, no more than such a chunk costs at position 0 (in cached
-// keys read and projections);
+// model's Forward calls: each run takes the waiting steps (of one kind and version, each kind
+// and version in turn) and computes them as one Layer::Decode (continuous batching: every
+// session's new tokens in one matmul), a long step a chunk at a time so that it does not stall
+// the others: up to `chunk_tokens` a sequence a run and, when other sessions are open and
+// stepping, no more than such a chunk costs at position 0 (in cached keys read and projections);
 // while short steps share the run, or ran within the last 100 ms (sessions generating, between
 // two of their steps), no more than they cost together, or a floor's worth (so a run then takes
 // about twice theirs alone when they are many, however long the prompt).
@@ -93,6 +93,9 @@ class DecodeQueue final : public RunQueue {
   // own (runs are one at a time).
   int64_t recent_short_reads_ = 0;
   Clock::time_point recent_short_at_;
+  // The kind and version (its layer) of the latest run; only compared, never used.
+  core::AttentionKind last_kind_ = core::AttentionKind::kCausal;
+  const core::Layer* last_layer_ = nullptr;
 };
 
 }  // namespace attnserve::server

@@ -577,6 +577,78 @@ TEST_F(DecodeServiceTest, APromptBetweenAGeneratingSessionsStepsRunsNoCostlierTh
   }
 }
 
+// Beside a session open but idle (its last step over a second ago), a long prompt runs in whole
+// chunks: the idle session waits for one chunk when it steps again, rather than the prompt
+// running in chunks that shrink as it grows (42 demo tokens at position 4096), each reading the
+// whole cache again.
+TEST_F(DecodeServiceTest, APromptBesideAnIdleSessionRunsInWholeChunks) {
+  ServerOptions options;
+  options.max_session_tokens = 8192;
+  Restart(options);
+  grpc::ClientContext idle_context, long_context;
+  std::unique_ptr<Stream> idle = OpenWithFirstTokens(&idle_context);  // a run of 4 tokens
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  constexpr int64_t kPrompt = 4096;
+  const std::vector<float> long_prompt = LongPrompt(kPrompt);
+  std::unique_ptr<Stream> long_stream = Open(&long_context);
+  v1::DecodeRequest prompt = StepOf({long_prompt.data()}, {0}, {kPrompt}, kWidth);
+  prompt.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const v1::DecodeResponse answer = Exchange(*long_stream, prompt);
+  EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
+  absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  auto runs_up_to = [&](const char* tokens) {
+    return (*samples)[SeriesKey("attnserve_decode_step_tokens_bucket",
+                                {{"le", tokens}, {"model", "demo"}})];
+  };
+  EXPECT_EQ(runs_up_to("+Inf"), 1 + kPrompt / 256);
+  EXPECT_EQ(runs_up_to("128"), 1) << "the prompt ran in chunks shorter than 256 tokens";
+  for (Stream* stream : {idle.get(), long_stream.get()}) {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+}
+
+// Runs are of one kind and one version; the kinds take turns, so a step of another kind waits
+// for one chunk of a long prompt, not for the whole of it.
+TEST_F(DecodeServiceTest, AStepOfAnotherKindDoesNotWaitForALongPromptToEnd) {
+  ServerOptions options;
+  options.max_session_tokens = 8192;
+  Restart(options);
+  constexpr int64_t kPrompt = 8000;
+  const std::vector<float> long_prompt = LongPrompt(kPrompt);
+  grpc::ClientContext long_context, cross_context;
+  std::unique_ptr<Stream> long_stream = Open(&long_context);
+  v1::DecodeRequest prompt = StepOf({long_prompt.data()}, {0}, {kPrompt}, kWidth);
+  prompt.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  ASSERT_TRUE(long_stream->Write(prompt));
+  std::atomic<bool> prompt_answered{false};
+  v1::DecodeResponse prompt_answer;
+  std::thread reader([&] {
+    EXPECT_TRUE(long_stream->Read(&prompt_answer));
+    prompt_answered = true;
+  });
+  // Once the prompt's first chunk has run, a causal cross session's first step arrives.
+  for (int i = 0; i < 1000 && Counter("attnserve_decode_tokens_total") == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::unique_ptr<Stream> cross = Open(&cross_context);
+  v1::DecodeRequest first = Tokens(0, 1);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL_CROSS);
+  const std::vector<float> context = LongPrompt(8);
+  *first.mutable_context() = MakeTensor({1, 8, kWidth}, context, /*raw=*/true);
+  const v1::DecodeResponse cross_answer = Exchange(*cross, first);
+  const bool prompt_done_first = prompt_answered.load();
+  reader.join();
+  EXPECT_EQ(cross_answer.error_code(), 0) << cross_answer.error_message();
+  EXPECT_EQ(prompt_answer.error_code(), 0) << prompt_answer.error_message();
+  EXPECT_FALSE(prompt_done_first) << "the causal cross step waited for the whole prompt";
+  for (Stream* stream : {long_stream.get(), cross.get()}) {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+}
+
 // A drain with sessions open: the next message of each ends its stream UNAVAILABLE (the client
 // replays elsewhere) and its cache goes.
 TEST_F(DecodeServiceTest, ADrainEndsOpenSessionsUnavailable) {
