@@ -71,13 +71,16 @@ void Admission::Admit(Job* job) {
 absl::Status Admission::Queue(Job* job, ServedModel& model) {
   const core::Layer& layer = *job->version().layer;
   if (absl::Status status = layer.Validate(job->args()); !status.ok()) return status;
-  const int64_t bytes = job->ReplyBytes(layer.Shapes(job->args()));
-  if (bytes > max_reply_bytes_) {
-    return MessageTooLarge(absl::StrCat("the reply would take ", bytes,
-                                        " bytes, over the limit of ", max_reply_bytes_,
-                                        " (--max-message-mib)"));
+  if (absl::Status s = CheckReplyBytes(job->ReplyBytes(layer.Shapes(job->args()))); !s.ok()) {
+    return s;
   }
   return model.scheduler->Submit(job);
+}
+
+absl::Status Admission::CheckReplyBytes(int64_t bytes) const {
+  if (bytes <= max_reply_bytes_) return absl::OkStatus();
+  return MessageTooLarge(absl::StrCat("the reply would take ", bytes, " bytes, over the limit of ",
+                                      max_reply_bytes_, " (--max-message-mib)"));
 }
 
 }  // namespace attnserve::server

@@ -44,6 +44,10 @@ class Admission {
     metrics.SessionMessageAnswered(metrics.ForModel(model), status.code());
   }
 
+  // Whether a reply of `bytes` fits the message limit (--max-message-mib): the one check of it,
+  // for calls and for sessions' messages. ResourceExhausted, marked too large, if not.
+  absl::Status CheckReplyBytes(int64_t bytes) const;
+
   // From now on calls are answered Unavailable (shutdown has begun).
   void StopAccepting() { accepting_.store(false); }
   bool accepting() const { return accepting_.load(); }

@@ -649,6 +649,75 @@ TEST_F(DecodeServiceTest, AStepOfAnotherKindDoesNotWaitForALongPromptToEnd) {
   }
 }
 
+// A step whose reply would pass --max-message-mib is refused before it runs, as a call is, and
+// changes nothing: over ModelInfer (FP16 in, FP32 out: the reply twice the request) the sequence
+// is not started; in a Decode stream (positions make the reply longer than the request) the
+// stream stays open and its next first message opens the session.
+TEST_F(DecodeServiceTest, AStepWhoseReplyIsOverTheMessageLimitIsRefusedAndChangesNothing) {
+  ServerOptions options;
+  options.max_message_mib = 1;
+  options.max_session_tokens = 4096;
+  Restart(options);
+  constexpr int64_t kTokens = 1500;  // 750 KB of FP16 in, 1.5 MB of FP32 out
+  const std::vector<float> rows(kTokens * kWidth, 0.0f);
+  inference::ModelInferRequest fp16 =
+      SequenceStepRequest("demo", rows.data(), kTokens, kWidth, 31, true, false);
+  fp16.mutable_inputs(0)->set_datatype("FP16");
+  fp16.set_raw_input_contents(0, std::string(kTokens * kWidth * 2, '\0'));
+  inference::ModelInferResponse response;
+  const grpc::Status refused = Infer(fp16, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--max-message-mib"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(Infer(SequenceStepRequest("demo", rows.data(), 1, kWidth, 31, false, false), &response)
+                .error_code(),
+            grpc::StatusCode::NOT_FOUND)
+      << "the refused sequence_start started the sequence";
+
+  // 1023 sequences of one token: 1,047,552 bytes of input, under 1 MiB; with a position each,
+  // the reply is over it.
+  constexpr int64_t kBatch = 1023;
+  const std::vector<float> one_each(kBatch * kWidth, 0.5f);
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest wide;
+  *wide.mutable_input() = MakeTensor({kBatch, 1, kWidth}, one_each, /*raw=*/true);
+  wide.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const v1::DecodeResponse too_large = Exchange(*stream, wide);
+  EXPECT_EQ(too_large.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(too_large.error_message().find("--max-message-mib"), std::string::npos)
+      << too_large.error_message();
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+  v1::DecodeRequest first = Tokens(0, 4);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const v1::DecodeResponse opened = Exchange(*stream, first);
+  EXPECT_EQ(opened.error_code(), 0) << opened.error_message();
+  ASSERT_EQ(opened.positions_size(), 1);
+  EXPECT_EQ(opened.positions(0), 4);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A sequence step computes no attention matrix: asking for one (return_attention, or the
+// `attention` output) is refused, not answered with an empty tensor, and starts nothing.
+TEST_F(DecodeServiceTest, ASequenceStepAskingForAttentionIsRefused) {
+  inference::ModelInferRequest asks =
+      SequenceStepRequest("demo", sequence_.data(), 2, kWidth, 41, true, false);
+  (*asks.mutable_parameters())["return_attention"].set_bool_param(true);
+  inference::ModelInferResponse response;
+  const grpc::Status refused = Infer(asks, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("attention"), std::string::npos)
+      << refused.error_message();
+  asks.mutable_parameters()->erase("return_attention");
+  asks.add_outputs()->set_name("attention");
+  EXPECT_EQ(Infer(asks, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(
+      Infer(SequenceStepRequest("demo", sequence_.data(), 1, kWidth, 41, false, false), &response)
+          .error_code(),
+      grpc::StatusCode::NOT_FOUND);
+}
+
 // A drain with sessions open: the next message of each ends its stream UNAVAILABLE (the client
 // replays elsewhere) and its cache goes.
 TEST_F(DecodeServiceTest, ADrainEndsOpenSessionsUnavailable) {

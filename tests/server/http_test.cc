@@ -688,6 +688,28 @@ TEST(HttpLimitsTest, AReplyOverTheLimitIs413) {
   EXPECT_EQ(reply.status, 413) << reply.body;
 }
 
+// A sequence step whose reply would pass the limit is refused before it runs, as a call is:
+// binary input in, JSON text out (16 bytes a float). The sequence is not started.
+TEST(HttpLimitsTest, ASequenceStepWhoseReplyIsOverTheLimitIs413AndStartsNothing) {
+  ServerOptions options = DemoOptions();
+  options.max_message_mib = 1;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string url =
+      absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/demo/infer");
+  constexpr int kTokens = 700;  // 700 KB of binary input, 2.8 MB of JSON output
+  const std::vector<float> values = Wave(kTokens * kWidth, 3);
+  const auto [body, headers] = SequenceStepBody(values, 0, kTokens, "big", true, false, true);
+  const HttpReply refused = HttpCall("POST", url, body, headers);
+  EXPECT_EQ(refused.status, 413) << refused.body.substr(0, 300);
+  EXPECT_NE(refused.body.find("--max-message-mib"), std::string::npos) << refused.body;
+  const auto [next, next_headers] = SequenceStepBody(values, 0, 1, "big", false, false);
+  EXPECT_EQ(HttpCall("POST", url, next, next_headers).status, 404)
+      << "the refused sequence_start started the sequence";
+  const auto [small, small_headers] = SequenceStepBody(values, 0, 4, "big", true, false);
+  EXPECT_EQ(HttpCall("POST", url, small, small_headers).status, 200);
+}
+
 TEST(HttpLimitsTest, ABodyOverTheLimitIs413BeforeItIsRead) {
   ServerOptions options = DemoOptions();
   options.max_message_mib = 1;

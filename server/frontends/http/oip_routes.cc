@@ -104,6 +104,7 @@ absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
   request.params = *decoded.sequence;
   request.kind_given = decoded.kind_given;
   request.args = &decoded.args;
+  request.reply_bytes = [&](const core::ForwardShapes& shapes) { return call.ReplyBytes(shapes); };
   request.prepare = [&](const core::ForwardShapes& shapes, int64_t version) {
     call.set_computed_by(version);
     return PrepareHttpOutputs(shapes, &decoded);

@@ -23,8 +23,7 @@ absl::Status InferCall::Decode() {
 }
 
 int64_t InferCall::ReplyBytes(const core::ForwardShapes& shapes) const {
-  // The id and names come back too; the tensors are ForwardResponse's.
-  return ForwardReplyBytes(shapes) + static_cast<int64_t>(request_->id().size() + model_.size());
+  return InferReplyBytes(*request_, shapes);
 }
 
 absl::StatusOr<ForwardBuffers> InferCall::Buffers(const core::ForwardShapes& shapes) {

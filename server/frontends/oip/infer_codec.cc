@@ -284,6 +284,12 @@ absl::Status DecodeInferRequest(const ModelInferRequest& request, DecodedInfer* 
                      &decoded->context_copy, &decoded->context_lengths_copy, &*args.context);
 }
 
+int64_t InferReplyBytes(const ModelInferRequest& request, const core::ForwardShapes& shapes) {
+  // The tensors are ForwardResponse's; the id and the model's name come back too.
+  return ForwardReplyBytes(shapes) +
+         static_cast<int64_t>(request.id().size() + request.model_name().size());
+}
+
 absl::StatusOr<ForwardBuffers> PrepareInferResponse(const ModelInferRequest& request,
                                                     DecodedInfer* decoded,
                                                     const core::ForwardShapes& shapes,

@@ -58,6 +58,10 @@ absl::StatusOr<ForwardBuffers> PrepareInferResponse(const inference::ModelInferR
                                                     int64_t version,
                                                     inference::ModelInferResponse* response);
 
+// The bytes of `request`'s reply for `shapes`, at most: the tensors, its id and model name.
+int64_t InferReplyBytes(const inference::ModelInferRequest& request,
+                        const core::ForwardShapes& shapes);
+
 // The version a model_version names: 0 (the newest ready one) for "", else a positive decimal
 // integer; NotFound otherwise. The one reading of it for every method.
 absl::StatusOr<uint64_t> ParseModelVersion(absl::string_view version);

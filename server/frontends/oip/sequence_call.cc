@@ -72,6 +72,9 @@ ProtoSequenceStep::ProtoSequenceStep(Admission* admission, SequenceTable* table,
   step_request_.params = std::move(params);
   step_request_.kind_given = request->parameters().contains(kInferKindParameter);
   step_request_.args = &decoded_.args;
+  step_request_.reply_bytes = [this](const core::ForwardShapes& shapes) {
+    return InferReplyBytes(*request_, shapes);
+  };
   step_request_.prepare = [this](const core::ForwardShapes& shapes, int64_t version) {
     return PrepareInferResponse(*request_, &decoded_, shapes, version, response_);
   };

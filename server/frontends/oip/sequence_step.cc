@@ -1,5 +1,6 @@
 #include "server/frontends/oip/sequence_step.h"
 
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,11 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
         absl::InvalidArgumentError(absl::StrCat("a sequence_id of at most ", kMaxSequenceIdBytes,
                                                 " bytes, not ", request.params.id.size() - 2)));
   }
+  if (request.args->return_attention) {
+    return done(absl::InvalidArgumentError(
+        "a sequence step returns no attention: ask for the output alone (no return_attention, "
+        "no 'attention' output)"));
+  }
   // A refused step changes nothing: a sequence it would start is kept under its id only once
   // its step is answered.
   bool opened = false;
@@ -59,7 +65,15 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   core::ForwardShapes shapes;
   shapes.output_rows = input.rows();
   shapes.output_width = layer.spec().d_output();
-  absl::StatusOr<ForwardBuffers> buffers = request.prepare(shapes, session->version()->version);
+  if (absl::Status s = admission_->CheckReplyBytes(request.reply_bytes(shapes)); !s.ok()) {
+    return done(s);
+  }
+  absl::StatusOr<ForwardBuffers> buffers = absl::ResourceExhaustedError("");
+  try {
+    buffers = request.prepare(shapes, session->version()->version);
+  } catch (const std::bad_alloc&) {  // nothing may escape to the transport
+    buffers = absl::ResourceExhaustedError("out of memory sizing the reply");
+  }
   if (!buffers.ok()) return done(buffers.status());
   StepArgs args = MakeStepArgs(input, buffers->output, shapes.output_width);
   const bool end = request.params.end;

@@ -43,6 +43,8 @@ struct SequenceRequest {
   bool kind_given = false;    // the request named its kind (else: causal, or causal_cross with a
                               // context, as Triton's clients send no kind)
   core::ForwardArgs* args{};  // the decoded tensors; outlive the step
+  // The bytes of the reply for `shapes`, at most (checked against the message limit first).
+  std::function<int64_t(const core::ForwardShapes& shapes)> reply_bytes;
   // Sizes the reply for `shapes`, computed by model version `version`; where the outputs go.
   std::function<absl::StatusOr<ForwardBuffers>(const core::ForwardShapes& shapes, int64_t version)>
       prepare;

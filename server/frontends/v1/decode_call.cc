@@ -149,6 +149,9 @@ absl::Status DecodeCall::MakeStep(StepArgs* args) {
   core::ForwardShapes shapes;
   shapes.output_rows = input_.rows();
   shapes.output_width = layer.spec().d_output();
+  // The output, and a position (a varint of 10 bytes at most) for each sequence.
+  const int64_t reply_bytes = ForwardReplyBytes(shapes) + 10 * input_.batch();
+  if (absl::Status s = admission_->CheckReplyBytes(reply_bytes); !s.ok()) return s;
   absl::StatusOr<std::span<float>> output = SizeReplyTensor(
       OutputShape(input_, shapes), shapes.output_size(), raw_, response_.mutable_output());
   if (!output.ok()) return output.status();
