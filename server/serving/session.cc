@@ -213,14 +213,25 @@ void Session::NextTurn() {
 }
 
 void Session::Run(StepArgs args, std::function<void(absl::Status)> done) {
+  const bool ends = args.ends_sequence;
   // The run may start (and answer) before Submit returns.
-  queue_->Submit(this, std::move(args), [this, done = std::move(done)](absl::Status status) {
-    NextTurn();  // first: the answer may end the session (a waiting step holds it alive)
+  queue_->Submit(this, std::move(args), [this, ends, done = std::move(done)](absl::Status status) {
+    if (ends && !status.ok()) {  // a failed last step leaves the sequence open
+      std::lock_guard lock(mu_);
+      ending_ = false;
+    }
+    NextTurn();  // first: the answer may end the session (a waiting step holds
+                 // it alive)
     done(status);
   });
 }
 
 absl::Status Session::Take(const StepArgs& args) {
+  if (ending_) {
+    return absl::NotFoundError(
+        "the sequence has ended: a step with sequence_end came before this one; send "
+        "sequence_start");
+  }
   const int64_t batch = this->batch();
   if (static_cast<int64_t>(args.tokens.size()) != batch) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -255,6 +266,7 @@ absl::Status Session::Take(const StepArgs& args) {
     positions_[b] = kept[b];
     if (kind_ == core::AttentionKind::kCausal) caches_[b]->Rewind(kept[b]);
   }
+  if (args.ends_sequence) ending_ = true;
   return absl::OkStatus();
 }
 

@@ -47,6 +47,9 @@ struct StepArgs {
   std::vector<int64_t> tokens;
   std::vector<float*> outputs;
   std::optional<int64_t> truncate_to;  // drop cached positions >= this first
+  // The sequence's last step (sequence_end): once it is taken, the steps after it are refused
+  // (NotFound: the sequence has ended), unless it fails.
+  bool ends_sequence = false;
 };
 
 // The step of a batch's sequences: each reads its rows of `input` (padded or packed, not
@@ -142,6 +145,7 @@ class Session {
   // A step is queued or running; the steps handed over meanwhile, in order.
   bool busy_ = false;
   std::deque<Waiting> waiting_;
+  bool ending_ = false;  // a step that ends the sequence was taken
 };
 
 // Opens sessions within the process's limits: the KV cache budget and the session count.

@@ -868,6 +868,35 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
+// A step sent behind the sequence's sequence_end step, before its answer, finds the sequence
+// ended (NOT_FOUND), as any step after it does: it is not run on a session nobody can reach.
+TEST_F(DecodeServiceTest, AStepSentBehindTheSequenceEndIsNotFound) {
+  ServerOptions options;
+  options.max_session_tokens = 16384;
+  Restart(options);
+  constexpr int64_t kLong = 10000;
+  const std::vector<float> prompt = LongPrompt(kLong + 5);
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 12, true, false), &response).ok());
+  const double tokens_before = Counter("attnserve_decode_tokens_total");
+  grpc::Status last_status;
+  std::atomic<bool> last_answered{false};
+  std::thread last_step([&] {
+    inference::ModelInferResponse last_response;
+    last_status = Infer(SequenceRequest(prompt, 4, kLong, 12, false, true), &last_response);
+    last_answered = true;
+  });
+  WaitForADecodeRun(tokens_before);
+  const grpc::Status behind =
+      Infer(SequenceRequest(prompt, kLong + 4, 1, 12, false, false), &response);
+  const bool last_still_computing = !last_answered.load();
+  last_step.join();
+  ASSERT_TRUE(last_still_computing) << "the last step ended first: nothing was behind it";
+  EXPECT_TRUE(last_status.ok()) << last_status.error_message();
+  EXPECT_EQ(behind.error_code(), grpc::StatusCode::NOT_FOUND) << behind.error_message();
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
 // A sequence_start on an id in use gives the id a new session: the old session's last step,
 // answered later, ends only the old one. And a sequence_start whose step is refused changes
 // nothing: the session the id had goes on.

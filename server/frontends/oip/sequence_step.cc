@@ -77,6 +77,7 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   if (!buffers.ok()) return done(buffers.status());
   StepArgs args = MakeStepArgs(input, buffers->output, shapes.output_width);
   const bool end = request.params.end;
+  args.ends_sequence = end;
   const std::string id = request.params.id, model = session->version()->name;
   const uint64_t ticket = Session::NewStepTicket();
   {
