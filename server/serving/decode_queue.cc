@@ -184,20 +184,26 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   {
     std::lock_guard lock(mu_);
     if (pending_.empty()) return;
-    // One kind and one version a run (one Layer::Decode). They take turns: when steps of
-    // another kind or version than the last run's wait, the first of them leads this run, so a
-    // long prompt's chunks alternate with them instead of holding them to its end.
-    const Pending* lead = &pending_.front();
+    // One kind and one version a run (one Layer::Decode). They take turns: of the groups with
+    // steps waiting, the one whose latest run is the oldest goes (a group new or back after a
+    // while first; then the first to arrive), so a long prompt's chunks alternate with the other
+    // groups' steps instead of holding them to its end.
+    std::map<Group, uint64_t> waiting;  // each waiting group, with its latest run
+    Group lead{};
+    uint64_t lead_run = std::numeric_limits<uint64_t>::max();
     for (const Pending& step : pending_) {
-      if (step.session->kind() != last_kind_ || step.session->layer().get() != last_layer_) {
-        lead = &step;
-        break;
+      const Group group{step.session->kind(), step.session->layer().get()};
+      if (waiting.contains(group)) continue;
+      const auto it = group_runs_.find(group);
+      const uint64_t latest = waiting[group] = it == group_runs_.end() ? 0 : it->second;
+      if (latest < lead_run) {
+        lead = group;
+        lead_run = latest;
       }
     }
-    const core::AttentionKind kind = lead->session->kind();
-    const core::Layer* layer = lead->session->layer().get();
-    last_kind_ = kind;
-    last_layer_ = layer;
+    waiting[lead] = ++runs_;
+    group_runs_ = std::move(waiting);  // the groups no step waits for are forgotten
+    const auto [kind, layer] = lead;
     for (Pending& step : pending_) {
       if (step.session->kind() != kind || step.session->layer().get() != layer) continue;
       step.running = true;
@@ -245,7 +251,7 @@ void DecodeQueue::RunNext(Clock::time_point now) {
     int64_t prefill_reads =
         generating ? std::min(max_prefill, std::max(recent_short_reads_, kMinPrefillReads))
                    : max_prefill;
-    for (size_t i = 0; i < steps.size() && status.ok(); ++i) {
+    for (size_t i = 0; i < steps.size(); ++i) {
       Session& session = *steps[i]->session;
       // Each session's state is read and written under its lock: its frontend's next Step
       // (on another thread, after this step's answer) sees what this run did.
@@ -264,7 +270,7 @@ void DecodeQueue::RunNext(Clock::time_point now) {
       AddChunk(*steps[i], &budget, Short(*steps[i]) ? nullptr : &prefill_reads, &run, &sequence_of);
       step_of.resize(run.size(), i);
     }
-    if (status.ok()) status = layer->Decode(steps.front()->session->kind(), run);
+    status = layer->Decode(steps.front()->session->kind(), run);
   } catch (const std::exception& e) {
     status = absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -93,9 +94,11 @@ class DecodeQueue final : public RunQueue {
   // own (runs are one at a time).
   int64_t recent_short_reads_ = 0;
   Clock::time_point recent_short_at_;
-  // The kind and version (its layer) of the latest run; only compared, never used.
-  core::AttentionKind last_kind_ = core::AttentionKind::kCausal;
-  const core::Layer* last_layer_ = nullptr;
+  // A run's kind and version (its layer: only compared, never used).
+  using Group = std::pair<core::AttentionKind, const core::Layer*>;
+  // Runs so far, and the latest run of each group with steps waiting at the last choice.
+  uint64_t runs_ = 0;
+  std::map<Group, uint64_t> group_runs_;
 };
 
 }  // namespace attnserve::server

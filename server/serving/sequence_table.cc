@@ -50,12 +50,7 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceTable::Find(const std::string& 
   std::shared_ptr<Session> expired;  // freed outside the lock
   std::lock_guard lock(mu_);
   const Clock::time_point now = Clock::now();
-  auto it = entries_.find(Key(model, id));
-  if (it != entries_.end() && Expired(it->second, now)) {  // the reaper has not come by yet
-    expired = std::move(it->second.session);
-    entries_.erase(it);
-    it = entries_.end();
-  }
+  const auto it = Live(Key(model, id), now, &expired);
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat("sequence ", Clipped(id), " of model '", Clipped(model),
                                             "' has no session: never started, ended, or idle past "
@@ -82,10 +77,21 @@ void SequenceTable::Touch(const std::string& model, const std::string& id, const
   }
 }
 
-bool SequenceTable::Holds(const std::string& model, const std::string& id) const {
+bool SequenceTable::Holds(const std::string& model, const std::string& id) {
+  std::shared_ptr<Session> expired;  // freed outside the lock
   std::lock_guard lock(mu_);
-  auto it = entries_.find(Key(model, id));
-  return it != entries_.end() && !Expired(it->second, Clock::now());
+  return Live(Key(model, id), Clock::now(), &expired) != entries_.end();
+}
+
+std::map<SequenceTable::Key, SequenceTable::Entry>::iterator SequenceTable::Live(
+    const Key& key, Clock::time_point now, std::shared_ptr<Session>* expired) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !Expired(it->second, now)) return it;
+  // Idle past the timeout, the reaper not yet come by: it ends now (its slot and cache freed
+  // for the request that found it, when `expired` goes).
+  *expired = std::move(it->second.session);
+  entries_.erase(it);
+  return entries_.end();
 }
 
 std::string SequenceTable::OnlyModelHolding(const std::string& id) const {

@@ -47,8 +47,8 @@ class SequenceTable {
   // step was just answered).
   void Touch(const std::string& model, const std::string& id, const Session* session);
 
-  // Whether `model`'s `id` has a session now.
-  bool Holds(const std::string& model, const std::string& id) const;
+  // Whether `model`'s `id` has a session now (one idle past the timeout ends here).
+  bool Holds(const std::string& model, const std::string& id);
 
   // The model whose sequence `id` has a session, when exactly one model's has; else "".
   std::string OnlyModelHolding(const std::string& id) const;
@@ -61,17 +61,21 @@ class SequenceTable {
     std::shared_ptr<Session> session;
     Clock::time_point last_used;
   };
+  using Key = std::pair<std::string, std::string>;  // model name, sequence id
   // Whether `entry` is idle past the timeout at `now`, no request using it.
   bool Expired(const Entry& entry, Clock::time_point now) const;
+  // The entry of `key`, or end() when it has none or (ending it: its session moves to
+  // `expired`, to be freed outside the lock) it is idle past the timeout. mu_ held.
+  std::map<Key, Entry>::iterator Live(const Key& key, Clock::time_point now,
+                                      std::shared_ptr<Session>* expired);
   // Ends the sessions idle past the timeout that no request is using.
   void Reap();
 
   const std::chrono::milliseconds idle_timeout_;
   mutable std::mutex mu_;
-  using Key = std::pair<std::string, std::string>;  // model name, sequence id
-  std::map<Key, Entry> entries_;                    // guarded by mu_
-  Clock::time_point last_restart_log_{};            // guarded by mu_
-  PeriodicThread reaper_;                           // last: stopped before the entries go
+  std::map<Key, Entry> entries_;          // guarded by mu_
+  Clock::time_point last_restart_log_{};  // guarded by mu_
+  PeriodicThread reaper_;                 // last: stopped before the entries go
 };
 
 }  // namespace attnserve::server

@@ -887,9 +887,10 @@ TEST_F(DecodeServiceTest, AStepSentBehindTheSequenceEndIsNotFound) {
     last_answered = true;
   });
   WaitForADecodeRun(tokens_before);
+  // (Read before the step is sent: its answer comes with the last step's.)
+  const bool last_still_computing = !last_answered.load();
   const grpc::Status behind =
       Infer(SequenceRequest(prompt, kLong + 4, 1, 12, false, false), &response);
-  const bool last_still_computing = !last_answered.load();
   last_step.join();
   ASSERT_TRUE(last_still_computing) << "the last step ended first: nothing was behind it";
   EXPECT_TRUE(last_status.ok()) << last_status.error_message();

@@ -599,14 +599,74 @@ TEST(SequenceTableTest, ASequenceIdlePastTheTimeoutIsNotFoundBeforeTheReaperCome
   absl::StatusOr<std::shared_ptr<Session>> used = table.Find("m", "used");  // a step in flight
   ASSERT_TRUE(used.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  EXPECT_FALSE(table.Holds("m", "idle"));
   EXPECT_EQ(table.OnlyModelHolding("idle"), "");
+  // A sequence_start asks whether the id is in use: it is not, and the idle session ends there,
+  // its place under --max-sessions free for the new one.
+  EXPECT_FALSE(table.Holds("m", "idle"));
+  EXPECT_EQ(manager.open(), 1);
   EXPECT_EQ(table.Find("m", "idle").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(table.size(), 1u) << "the idle session was not ended when found idle";
   EXPECT_EQ(manager.open(), 1);
   // One a request holds is not idle, however long it has been.
   EXPECT_TRUE(table.Holds("m", "used"));
   EXPECT_TRUE(table.Find("m", "used").ok());
+}
+
+// Steps of three groups (two versions, two kinds) waiting at once take turns run by run: the
+// third's one-token step waits for a chunk of each long prompt, not for either prompt to end.
+TEST(DecodeQueueTest, EveryKindAndVersionWithStepsWaitingTakesItsTurn) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  const VersionHandle other = std::make_shared<ModelVersion>(
+      ModelVersion{.name = "m",
+                   .version = 2,
+                   .source = "built-in",
+                   .layer = *core::Layer::Create(core::MakeDemoWeights()),
+                   .summary = {}});
+  constexpr int64_t kPrompt = 4096;
+  std::vector<float> prompt(kPrompt * kWidth);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::sin(0.001f * i);
+  core::RaggedBatch context{.data = prompt.data(), .width = kWidth, .lengths = {8}};
+  struct Opened {
+    char name;
+    VersionHandle version;
+    core::AttentionKind kind;
+    int64_t tokens;
+  };
+  const Opened specs[] = {{'A', DemoVersion(), core::AttentionKind::kCausal, kPrompt},
+                          {'B', other, core::AttentionKind::kCausal, kPrompt},
+                          {'C', DemoVersion(), core::AttentionKind::kCausalCross, 1}};
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<std::vector<float>> outputs;
+  for (const Opened& spec : specs) {
+    absl::StatusOr<std::unique_ptr<Session>> opened = manager.Open(
+        spec.version, spec.kind, 1,
+        spec.kind == core::AttentionKind::kCausalCross ? &context : nullptr, &queue, nullptr);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    sessions.push_back(*std::move(opened));
+    outputs.emplace_back(spec.tokens * kWidth);
+  }
+  std::mutex mu;
+  std::condition_variable answered_cv;
+  std::string answered;  // the sessions' names, in the order their steps were answered
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    StepArgs args;
+    args.inputs = {prompt.data()};
+    args.tokens = {specs[i].tokens};
+    args.outputs = {outputs[i].data()};
+    const absl::Status taken =
+        sessions[i]->Step(std::move(args), [&, name = specs[i].name](absl::Status status) {
+          EXPECT_TRUE(status.ok()) << name << ": " << status;
+          std::lock_guard lock(mu);
+          answered += name;
+          answered_cv.notify_all();
+        });
+    ASSERT_TRUE(taken.ok()) << taken;
+  }
+  std::unique_lock lock(mu);
+  ASSERT_TRUE(answered_cv.wait_for(lock, seconds(120), [&] { return answered.size() == 3; }));
+  EXPECT_EQ(answered[0], 'C') << "the steps were answered in the order " << answered;
 }
 
 // A causal model whose heads are too wide for the cache's attention serves calls but no
