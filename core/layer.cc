@@ -588,9 +588,8 @@ absl::Status Layer::Impl::Decode(AttentionKind kind,
   if (tokens == 0) return absl::OkStatus();
   if (!spec.ServesSessions(kind)) {
     return absl::UnimplementedError(
-        absl::StrCat("decode sessions serve causal kinds with heads of "
-                     "at most ",
-                     kMaxDecodeHeadDim, " dimensions"));
+        absl::StrCat("decode sessions serve causal kinds with heads of at most ", kMaxDecodeHeadDim,
+                     " dimensions"));
   }
   const bool causal_self = kind == AttentionKind::kCausal;
   const int64_t inner = spec.inner(), rows = MatmulRows(tokens);

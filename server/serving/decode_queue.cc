@@ -213,7 +213,8 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   }
   const std::shared_ptr<const core::Layer>& layer = steps.front()->session->layer();
   absl::Status status;
-  // A step's own failure (its context's projection), which fails it alone.
+  // Each step's answer: its own failure (its context's projection, which fails it alone), or
+  // the run's.
   std::vector<absl::Status> own(steps.size());
   std::vector<core::DecodeSequence> run;
   std::vector<size_t> step_of, sequence_of;  // each run entry's step and sequence
@@ -280,7 +281,6 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   // Each step's sequences move on by what this run computed; a step done frees the blocks it
   // reserved and did not use.
   std::vector<bool> finished(steps.size());
-  std::vector<absl::Status> status_of(steps.size(), status);
   size_t k = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     Pending& step = *steps[i];
@@ -290,8 +290,8 @@ void DecodeQueue::RunNext(Clock::time_point now) {
       step.done_tokens[sequence_of[k]] += run[k].tokens;
       step.session->positions_[sequence_of[k]] += run[k].tokens;
     }
-    if (status.ok()) status_of[i] = own[i];
-    finished[i] = !status_of[i].ok() || Finished(step);
+    if (!status.ok()) own[i] = status;
+    finished[i] = !own[i].ok() || Finished(step);
     if (finished[i]) {
       for (auto& cache : step.session->caches_) cache->Shrink();
     }
@@ -302,7 +302,7 @@ void DecodeQueue::RunNext(Clock::time_point now) {
     for (size_t i = 0; i < steps.size(); ++i) {
       steps[i]->running = false;
       if (!finished[i]) continue;
-      answers.emplace_back(std::move(steps[i]->done), status_of[i]);
+      answers.emplace_back(std::move(steps[i]->done), own[i]);
       steps[i]->answered = true;
     }
     pending_.remove_if([](const Pending& step) { return step.answered; });

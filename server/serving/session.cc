@@ -220,8 +220,8 @@ void Session::Run(StepArgs args, std::function<void(absl::Status)> done) {
       std::lock_guard lock(mu_);
       ending_ = false;
     }
-    NextTurn();  // first: the answer may end the session (a waiting step holds
-                 // it alive)
+    // First: the answer may end the session (a waiting step holds it alive).
+    NextTurn();
     done(status);
   });
 }

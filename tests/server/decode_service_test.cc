@@ -12,6 +12,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -60,6 +61,14 @@ v1::DecodeRequest StepOf(const std::vector<const float*>& rows, const std::vecto
   *request.mutable_input() = MakeTensor({batch, n, width}, values, /*raw=*/true);
   for (int64_t t : tokens) request.add_lengths(static_cast<int32_t>(t));
   return request;
+}
+
+// Ends each stream from the client's side, as a session ends normally; each must end OK.
+void EndStreams(std::initializer_list<Stream*> streams) {
+  for (Stream* stream : streams) {
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
 }
 
 // Sends `request` and reads its answer.
@@ -501,10 +510,7 @@ TEST_F(DecodeServiceTest, StepsOfSessionsMergeAndALongPromptDoesNotStallThem) {
   EXPECT_GE(runs, 2 + kPrompt / 256 - 1);
   EXPECT_EQ(runs_up_to("256"), runs) << "a run held the step and a whole chunk of the prompt";
   EXPECT_GT(runs_up_to("128") - runs_up_to("4"), 0) << "no run merged the step with a chunk";
-  for (Stream* stream : {long_stream.get(), short_stream.get()}) {
-    stream->WritesDone();
-    EXPECT_TRUE(stream->Finish().ok());
-  }
+  EndStreams({long_stream.get(), short_stream.get()});
 }
 
 // A step small enough to run on its caller's thread may still take two runs: beside a session
@@ -525,10 +531,7 @@ TEST_F(DecodeServiceTest, AStepThatRunsInlineInPartsIsFinished) {
   EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
   ASSERT_EQ(answer.positions_size(), 1);
   EXPECT_EQ(answer.positions(0), 40);
-  for (Stream* stream : {generating.get(), prompt.get()}) {
-    stream->WritesDone();
-    EXPECT_TRUE(stream->Finish().ok());
-  }
+  EndStreams({generating.get(), prompt.get()});
 }
 
 TEST_F(DecodeServiceTest, APromptBetweenAGeneratingSessionsStepsRunsNoCostlierThanTheSteps) {
@@ -571,10 +574,7 @@ TEST_F(DecodeServiceTest, APromptBetweenAGeneratingSessionsStepsRunsNoCostlierTh
                                             {{"le", "32"}, {"model", "demo"}})];
   EXPECT_GE(runs, kPrompt / 32);
   EXPECT_LE(runs - small, 1) << "runs of the prompt cost more than the steps beside them";
-  for (Stream* stream : {long_stream.get(), short_stream.get()}) {
-    stream->WritesDone();
-    EXPECT_TRUE(stream->Finish().ok());
-  }
+  EndStreams({long_stream.get(), short_stream.get()});
 }
 
 // Beside a session open but idle (its last step over a second ago), a long prompt runs in whole
@@ -603,10 +603,7 @@ TEST_F(DecodeServiceTest, APromptBesideAnIdleSessionRunsInWholeChunks) {
   };
   EXPECT_EQ(runs_up_to("+Inf"), 1 + kPrompt / 256);
   EXPECT_EQ(runs_up_to("128"), 1) << "the prompt ran in chunks shorter than 256 tokens";
-  for (Stream* stream : {idle.get(), long_stream.get()}) {
-    stream->WritesDone();
-    EXPECT_TRUE(stream->Finish().ok());
-  }
+  EndStreams({idle.get(), long_stream.get()});
 }
 
 // Runs are of one kind and one version; the kinds take turns, so a step of another kind waits
@@ -643,10 +640,7 @@ TEST_F(DecodeServiceTest, AStepOfAnotherKindDoesNotWaitForALongPromptToEnd) {
   EXPECT_EQ(cross_answer.error_code(), 0) << cross_answer.error_message();
   EXPECT_EQ(prompt_answer.error_code(), 0) << prompt_answer.error_message();
   EXPECT_FALSE(prompt_done_first) << "the causal cross step waited for the whole prompt";
-  for (Stream* stream : {long_stream.get(), cross.get()}) {
-    stream->WritesDone();
-    EXPECT_TRUE(stream->Finish().ok());
-  }
+  EndStreams({long_stream.get(), cross.get()});
 }
 
 // A step whose reply would pass --max-message-mib is refused before it runs, as a call is, and

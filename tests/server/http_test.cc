@@ -673,30 +673,34 @@ TEST(HttpSequenceDeadlineTest, StepsPastTheirDeadlineAre504AndAWaitingOneIsTaken
   for (int k = 0; k < kWidth; ++k) ASSERT_NEAR(got_row[k], want_row[k], 1e-6f) << k;
 }
 
-TEST(HttpLimitsTest, AReplyOverTheLimitIs413) {
-  ServerOptions options = DemoOptions();
-  options.max_message_mib = 1;
-  std::unique_ptr<Server> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
+// A server whose messages are limited to 1 MiB, and its infer URL.
+class HttpLimitsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options = DemoOptions();
+    options.max_message_mib = 1;
+    server_ = StartServer(options);
+    ASSERT_NE(server_, nullptr);
+    url_ = absl::StrCat("http://127.0.0.1:", server_->http_port(), "/v2/models/demo/infer");
+  }
+
+  std::unique_ptr<Server> server_;
+  std::string url_;
+};
+
+TEST_F(HttpLimitsTest, AReplyOverTheLimitIs413) {
   // A 1x2x256 call asking for its attention is small; 1x300 asks for 4x300x300 floats (1.4 MB).
   Call call{{Tensor{"input", "FP32", {1, 300, kWidth}, Wave(300 * kWidth), {}}}};
   call.return_attention = true;
   const auto [body, headers] = ToRest(call, Form::kBinary, /*binary_output=*/true);
-  const HttpReply reply = HttpCall(
-      "POST", absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/demo/infer"), body,
-      headers);
+  const HttpReply reply = HttpCall("POST", url_, body, headers);
   EXPECT_EQ(reply.status, 413) << reply.body;
 }
 
 // A sequence step whose reply would pass the limit is refused before it runs, as a call is:
 // binary input in, JSON text out (16 bytes a float). The sequence is not started.
-TEST(HttpLimitsTest, ASequenceStepWhoseReplyIsOverTheLimitIs413AndStartsNothing) {
-  ServerOptions options = DemoOptions();
-  options.max_message_mib = 1;
-  std::unique_ptr<Server> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
-  const std::string url =
-      absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/demo/infer");
+TEST_F(HttpLimitsTest, ASequenceStepWhoseReplyIsOverTheLimitIs413AndStartsNothing) {
+  const std::string& url = url_;
   constexpr int kTokens = 700;  // 700 KB of binary input, 2.8 MB of JSON output
   const std::vector<float> values = Wave(kTokens * kWidth, 3);
   const auto [body, headers] = SequenceStepBody(values, 0, kTokens, "big", true, false, true);
@@ -710,20 +714,15 @@ TEST(HttpLimitsTest, ASequenceStepWhoseReplyIsOverTheLimitIs413AndStartsNothing)
   EXPECT_EQ(HttpCall("POST", url, small, small_headers).status, 200);
 }
 
-TEST(HttpLimitsTest, ABodyOverTheLimitIs413BeforeItIsRead) {
-  ServerOptions options = DemoOptions();
-  options.max_message_mib = 1;
-  std::unique_ptr<Server> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
-  const std::string url =
-      absl::StrCat("http://127.0.0.1:", server->http_port(), "/v2/models/demo/infer");
+TEST_F(HttpLimitsTest, ABodyOverTheLimitIs413BeforeItIsRead) {
+  const std::string& url = url_;
   const HttpReply declared = HttpCall("POST", url, std::string(2 << 20, ' '), {});
   EXPECT_EQ(declared.status, 413);
   const std::string chunked_head =
       "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
   std::string chunks;
   for (int i = 0; i < 20; ++i) chunks += "10000\r\n" + std::string(0x10000, ' ') + "\r\n";
-  EXPECT_EQ(RawStatus(RawExchange(server->http_port(), chunked_head + chunks + "0\r\n\r\n",
+  EXPECT_EQ(RawStatus(RawExchange(server_->http_port(), chunked_head + chunks + "0\r\n\r\n",
                                   std::chrono::seconds(1))),
             413);
 }

@@ -91,11 +91,15 @@ void Reply(HttpExchange& exchange, absl::string_view model, int64_t version,
 absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
                              const HttpExchange& exchange, HttpInferCall& call) {
   const std::string& model = exchange.params.at("model");
+  // Counted by what the server did, as over gRPC: a step that computed past its deadline is OK
+  // here though its caller gets 504.
+  auto answer = [&](const absl::Status& status) {
+    admission.SessionMessageAnswered(model, status);
+    call.Finish(status);
+  };
   if (Clock::now() >= call.deadline()) {
-    const absl::Status late =
-        absl::DeadlineExceededError("the deadline passed before the step began");
-    admission.SessionMessageAnswered(model, late);
-    return late;
+    answer(absl::DeadlineExceededError("the deadline passed before the step began"));
+    return call.Wait();
   }
   DecodedHttpInfer& decoded = call.decoded();
   SequenceRequest request;
@@ -110,12 +114,7 @@ absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
     return PrepareHttpOutputs(shapes, &decoded);
   };
   SequenceStep step(&admission, &sequences);
-  step.Run(request, [&](absl::Status status) {
-    // Counted by what the server did, as over gRPC: a step that computed past its deadline is
-    // OK here though its caller gets 504.
-    admission.SessionMessageAnswered(model, status);
-    call.Finish(status);
-  });
+  step.Run(request, answer);
   return call.Wait(
       [&step] {
         step.Cancel(absl::DeadlineExceededError(

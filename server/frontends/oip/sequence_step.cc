@@ -68,7 +68,7 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   if (absl::Status s = admission_->CheckReplyBytes(request.reply_bytes(shapes)); !s.ok()) {
     return done(s);
   }
-  absl::StatusOr<ForwardBuffers> buffers = absl::ResourceExhaustedError("");
+  absl::StatusOr<ForwardBuffers> buffers;
   try {
     buffers = request.prepare(shapes, session->version()->version);
   } catch (const std::bad_alloc&) {  // nothing may escape to the transport

@@ -44,34 +44,18 @@ void DecodeCall::Take() {
     Answer(s);
     return;
   }
-  // A refused first message opens nothing: the session (and what it charged to the budget)
-  // goes, so that the client's corrected first message opens it anew, with its own B.
-  auto refuse = [this, opening](const absl::Status& s) {
-    if (opening) {
-      std::lock_guard lock(mu_);
-      session_.reset();
-    }
-    Answer(s);
-  };
-  StepArgs args;
-  if (absl::Status s = MakeStep(&args); !s.ok()) {
-    refuse(s);
-    return;
-  }
   {
     std::lock_guard lock(mu_);
     step_in_flight_ = true;
     first_step_ = opening;
   }
-  const absl::Status refused =
-      session_->Step(std::move(args), [this](absl::Status status) { StepDone(status); });
-  if (!refused.ok()) {
-    {
-      std::lock_guard lock(mu_);
-      step_in_flight_ = false;
-    }
-    refuse(refused);
+  // Refused here or answered by its run, the message ends in StepDone.
+  StepArgs args;
+  absl::Status taken = MakeStep(&args);
+  if (taken.ok()) {
+    taken = session_->Step(std::move(args), [this](absl::Status status) { StepDone(status); });
   }
+  if (!taken.ok()) StepDone(taken);
 }
 
 bool DecodeCall::OpenSession() {
@@ -166,7 +150,8 @@ void DecodeCall::StepDone(const absl::Status& status) {
     std::lock_guard lock(mu_);
     step_in_flight_ = false;
     cancelled = cancelled_;
-    // A first message that failed when it ran opened nothing either, as one refused before.
+    // A refused or failed first message opens nothing: the session (and what it charged to the
+    // budget) goes, so that the client's corrected first message opens it anew, with its own B.
     if (first_step_ && !status.ok()) session_.reset();
   }
   if (cancelled) {
