@@ -1004,6 +1004,10 @@ TEST(HttpMetricsTest, RestAndGrpcCallsAreCountedTogether) {
   }
   const auto [ended, step_headers] = SequenceStepBody(values, 0, 1, "counted", false, false);
   EXPECT_EQ(HttpCall("POST", base + "demo/infer", ended, step_headers).status, 404);
+  // A step whose body does not decode (an id that is neither an integer nor a string) is still
+  // a session's message, as over gRPC: refused as such, not queued and counted as a call.
+  const auto [bad_id, _] = SequenceStepBody(values, 0, 1, 1.5, true, false);
+  EXPECT_EQ(HttpCall("POST", base + "demo/infer", bad_id, step_headers).status, 400);
   auto stub = inference::GRPCInferenceService::NewStub(Connect(server->port()));
   grpc::ClientContext context;
   ModelInferResponse response;
@@ -1032,6 +1036,17 @@ TEST(HttpMetricsTest, RestAndGrpcCallsAreCountedTogether) {
   EXPECT_EQ((*series)[SeriesKey("attnserve_session_messages_total",
                                 {{"model", "demo"}, {"code", "NOT_FOUND"}})],
             1);
+  EXPECT_EQ((*series)[SeriesKey("attnserve_session_messages_total",
+                                {{"model", "demo"}, {"code", "INVALID_ARGUMENT"}})],
+            1);
+  for (const char* kind : {"", "causal"}) {
+    EXPECT_EQ((*series)[SeriesKey("attnserve_requests_total", {{"model", "demo"},
+                                                               {"kind", kind},
+                                                               {"code", "INVALID_ARGUMENT"},
+                                                               {"protocol", "http"}})],
+              0)
+        << kind;
+  }
 }
 
 TEST(HttpServerTest, AHandlerThatThrowsFailsItsRequestAndTheOthersGoOn) {

@@ -68,7 +68,7 @@ bool HttpInferCall::IsSequenceStep() {
   const absl::string_view json =
       body_.json_length >= 0 ? bytes.substr(0, body_.json_length) : bytes;
   if (!read_.ok() || json.find(kSequenceIdParameter) == absl::string_view::npos) return false;
-  return DecodeBody().ok() && decoded_.sequence.has_value();
+  return !DecodeBody().ok() || decoded_.sequence.has_value();
 }
 
 int64_t HttpInferCall::ReplyBytes(const core::ForwardShapes& shapes) const {

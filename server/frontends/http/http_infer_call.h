@@ -66,8 +66,11 @@ class HttpInferCall final : public Job {
 
   // Decodes the body now if it may be a sequence step (its JSON names sequence_id, as
   // HasSequenceId looks in a gRPC request): true when it is one, to be run as a step instead of
-  // admitted. A body that does not decode is left to Decode to refuse.
+  // admitted. A body that names sequence_id and does not decode is one too, refused as a step
+  // (DecodeBody) with the body's error, not queued behind calls to be refused later.
   bool IsSequenceStep();
+  // Parses the body once (the read's error, if it failed); later calls return the same status.
+  absl::Status DecodeBody();
 
   // A sequence step's reply is computed by `version`.
   void set_computed_by(int64_t version) { computed_by_ = version; }
@@ -75,9 +78,6 @@ class HttpInferCall final : public Job {
   DecodedHttpInfer& decoded() { return decoded_; }
 
  private:
-  // Parses the body once (the read's error, if it failed); later calls return the same status.
-  absl::Status DecodeBody();
-
   const std::string model_, version_;
   uint64_t version_number_ = 0;  // version_ read by RequestedModel; 0: the newest ready one
   int64_t computed_by_ = 0;      // the version whose weights computed the reply

@@ -97,6 +97,10 @@ absl::Status RunSequenceStep(Admission& admission, SequenceTable& sequences,
     admission.SessionMessageAnswered(model, status);
     call.Finish(status);
   };
+  if (absl::Status decoded = call.DecodeBody(); !decoded.ok()) {
+    answer(decoded);
+    return call.Wait();
+  }
   if (Clock::now() >= call.deadline()) {
     answer(absl::DeadlineExceededError("the deadline passed before the step began"));
     return call.Wait();
