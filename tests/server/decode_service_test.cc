@@ -951,6 +951,93 @@ TEST_F(DecodeServiceTest, ARestartIsNotRefusedWhenEverySessionIsOpen) {
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
+// Each Open Inference Protocol request of a sequence counts under its session's model, also when
+// it names none (the only model); one that names sequence_id but does not parse is a session's
+// message too, refused as such, not a call; sequence_start or sequence_end without a
+// sequence_id is refused, not served as a one-shot call with its flags dropped.
+TEST_F(DecodeServiceTest, SequenceRequestsAreCountedAsTheirSessionsMessages) {
+  inference::ModelInferResponse response;
+  inference::ModelInferRequest unnamed = SequenceRequest(sequence_, 0, 4, 21, true, false);
+  unnamed.clear_model_name();
+  ASSERT_TRUE(Infer(unnamed, &response).ok());
+  unnamed = SequenceRequest(sequence_, 4, 1, 21, false, true);
+  unnamed.clear_model_name();
+  ASSERT_TRUE(Infer(unnamed, &response).ok());
+  EXPECT_EQ(SessionMessages("demo", "OK"), 2);
+  EXPECT_EQ(SessionMessages("", "OK"), 0);
+
+  // A request cut short after its sequence parameters (its last field's bytes are missing).
+  const std::string cut =
+      SequenceRequest(sequence_, 0, 1, 22, true, false).SerializeAsString() + "\x1a\x7f" + "abc";
+  std::string reply;
+  const grpc::Status malformed = CallRaw(Connect(server_->port()).get(),
+                                         "/inference.GRPCInferenceService/ModelInfer", cut, &reply);
+  EXPECT_EQ(malformed.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << malformed.error_message();
+  EXPECT_EQ(SessionMessages("demo", "INVALID_ARGUMENT"), 1);
+  EXPECT_EQ(
+      Sample("attnserve_requests_total",
+             {{"code", "INVALID_ARGUMENT"}, {"kind", ""}, {"model", "demo"}, {"protocol", "grpc"}}),
+      0);
+
+  for (const char* flag : {"sequence_start", "sequence_end"}) {
+    inference::ModelInferRequest alone = SequenceRequest(sequence_, 0, 2, 23, false, false);
+    alone.mutable_parameters()->erase("sequence_id");
+    (*alone.mutable_parameters())[flag].set_bool_param(true);
+    const grpc::Status refused = Infer(alone, &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << flag;
+    EXPECT_NE(refused.error_message().find("sequence_id"), std::string::npos)
+        << refused.error_message();
+    (*alone.mutable_parameters())[flag].set_bool_param(false);  // as Triton's clients send
+    EXPECT_TRUE(Infer(alone, &response).ok()) << flag;
+  }
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
+// A later Decode message may repeat the session's version or leave it 0, not name another: it
+// would be served by the session's version all the same.
+TEST_F(DecodeServiceTest, ALaterMessageNamingAnotherVersionIsRefused) {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = OpenWithFirstTokens(&context);
+  v1::DecodeRequest other = Tokens(4, 1);
+  other.set_version(7);
+  const v1::DecodeResponse refused = Exchange(*stream, other);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("version 7"), std::string::npos)
+      << refused.error_message();
+  ASSERT_EQ(refused.positions_size(), 1);
+  EXPECT_EQ(refused.positions(0), 4);
+  EXPECT_EQ(Exchange(*stream, Tokens(4, 1)).error_code(), 0);
+  EndStreams({stream.get()});
+}
+
+// A Decode stream cancelled while its step computes ends, and the step is counted (OK: it ran)
+// as every message is; one cancelled before its step waits does not run it.
+TEST_F(DecodeServiceTest, AStepWhoseStreamIsCancelledIsCounted) {
+  ServerOptions options;
+  options.max_session_tokens = 16384;
+  Restart(options);
+  const std::vector<float> prompt = LongPrompt(12000);
+  const double tokens_before = Counter("attnserve_decode_tokens_total");
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest first = StepOf({prompt.data()}, {0}, {12000}, kWidth);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  ASSERT_TRUE(stream->Write(first));
+  WaitForADecodeRun(tokens_before);
+  context.TryCancel();
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The server counts the message when the step's run ends, then ends the session.
+  double counted = 0, sessions = 1;
+  for (int i = 0; i < 3000 && (counted == 0 || sessions != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    counted = SessionMessages("demo", "OK") + SessionMessages("demo", "CANCELLED");
+    sessions = Gauge("attnserve_sessions");
+  }
+  EXPECT_EQ(counted, 1);
+  EXPECT_EQ(sessions, 0);
+}
+
 TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheStream) {
   auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
   grpc::ClientContext context;

@@ -983,6 +983,33 @@ TEST(HttpDrainTest, EveryCallThroughSigtermIsAnsweredOkOrUnavailable) {
   }
 }
 
+// A parameter this server reads, given twice, is refused (the last one would win unseen), and so
+// is sequence_start or sequence_end without a sequence_id (the flag would be dropped, the call
+// served one-shot); unknown keys, however many, are read through at the cost of reading them.
+TEST_F(HttpTest, RepeatedParametersAndFlagsWithoutASequenceAreRefused) {
+  const std::vector<std::string> json = {"Content-Type: application/json"};
+  auto with_parameters = [](const std::string& parameters) {
+    Json call = Json::parse(SmallCall());
+    call.erase("parameters");
+    return absl::StrCat("{\"parameters\":", parameters, ",", call.dump().substr(1));
+  };
+  ASSERT_EQ(Infer(with_parameters(R"({"kind":"causal"})"), json).status, 200);
+  for (const char* parameters :
+       {R"({"kind":"causal","kind":"bidirectional"})", R"({"sequence_start":true})",
+        R"({"sequence_end":true})", R"({"sequence_id":1,"sequence_id":"1"})"}) {
+    const HttpReply reply = Infer(with_parameters(parameters), json);
+    EXPECT_EQ(reply.status, 400) << parameters << ": " << reply.body;
+  }
+  EXPECT_EQ(Infer(with_parameters(R"({"sequence_start":false,"sequence_end":false})"), json).status,
+            200);
+  // 300,000 keys: a body of 3.4 MB. Each key compared with every one before it took minutes.
+  std::string many = "{";
+  for (int i = 0; i < 300000; ++i) absl::StrAppend(&many, "\"k", i, "\":0,");
+  many += with_parameters(R"({"x":1,"x":2})").substr(1);
+  const HttpReply reply = Infer(many, json);
+  EXPECT_EQ(reply.status, 200) << reply.error << reply.body.substr(0, 300);
+}
+
 // The one CallReporter counts REST calls in the same series as gRPC's.
 TEST(HttpMetricsTest, RestAndGrpcCallsAreCountedTogether) {
   ServerOptions options = DemoOptions();

@@ -4,6 +4,7 @@
 #include <bit>
 #include <charconv>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -74,6 +75,35 @@ absl::StatusOr<bool> Bool(ondemand::value value, absl::string_view where) {
   ATTNSERVE_JSON(value.get_bool().get(flag), where);
   return flag;
 }
+
+// The keys an object's reader uses, each allowed once: a repeat would be read again, the last
+// one winning (or, at the top level, make the two passes disagree). Other keys are only checked
+// as JSON, however often they come: a flag for each known key, not a set of every key seen, so
+// that an object of millions of keys costs no more than reading it.
+class KnownKeys {
+ public:
+  KnownKeys(std::initializer_list<std::string_view> keys) : keys_(keys), seen_(keys.size()) {}
+
+  // Whether `key` is one of the keys, seen before.
+  bool Repeated(std::string_view key) {
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      if (keys_[i] != key) continue;
+      if (seen_[i]) return true;
+      seen_[i] = true;
+    }
+    return false;
+  }
+
+  // InvalidArgument naming `key`, given twice.
+  static absl::Status Twice(std::string_view key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", Clipped(absl::string_view(key.data(), key.size())), "' given twice"));
+  }
+
+ private:
+  std::vector<std::string_view> keys_;
+  std::vector<bool> seen_;
+};
 
 // Calls `on_field(key, value)` for each field of the object `value`.
 template <typename F>
@@ -159,7 +189,10 @@ absl::StatusOr<std::string> SequenceId(ondemand::value value) {
 // The request's `parameters`: kind, return_attention, binary_data_output and the sequence
 // parameters; others are ignored as the gRPC form ignores them.
 absl::Status ReadParameters(ondemand::value value, JsonRequest* request) {
+  KnownKeys known{kSequenceIdParameter, kSequenceStartParameter,        kSequenceEndParameter,
+                  kInferKindParameter,  kInferReturnAttentionParameter, "binary_data_output"};
   return ForEachField(value, "parameters", [&](std::string_view key, ondemand::value item) {
+    if (known.Repeated(key)) return KnownKeys::Twice(key);
     if (key == kSequenceIdParameter) {
       absl::StatusOr<std::string> id = SequenceId(item);
       if (!id.ok()) return id.status();
@@ -208,14 +241,9 @@ absl::Status ReadShape(ondemand::value value, JsonInput* input) {
 // One element of `inputs`, without its data.
 absl::Status ReadInput(ondemand::value value, JsonRequest* request) {
   JsonInput& input = request->inputs.emplace_back();
-  std::vector<std::string> seen;
+  KnownKeys known{"name", "datatype", "shape", "data", "parameters"};
   return ForEachField(value, "inputs", [&](std::string_view key, ondemand::value item) {
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
-      return Invalid(input.name,
-                     absl::StrCat("key '", Clipped(absl::string_view(key.data(), key.size())),
-                                  "' given twice"));
-    }
-    seen.emplace_back(key);
+    if (known.Repeated(key)) return Invalid(input.name, KnownKeys::Twice(key).message());
     absl::Status status;
     if (key == "name") {
       absl::StatusOr<std::string> name = String(item, "an input's name must be a string");
@@ -230,7 +258,10 @@ absl::Status ReadInput(ondemand::value value, JsonRequest* request) {
     } else if (key == "data") {
       input.has_data = true;  // read in the second pass, once the datatype is known
     } else if (key == "parameters") {
+      KnownKeys known_parameters{"binary_data_size"};
       status = ForEachField(item, "parameters", [&](std::string_view name, ondemand::value p) {
+        if (known_parameters.Repeated(name))
+          return Invalid(input.name, KnownKeys::Twice(name).message());
         if (name != "binary_data_size") return CheckValue(p);
         int64_t size = 0;
         ATTNSERVE_JSON(p.get_int64().get(size), "binary_data_size must be an integer");
@@ -251,14 +282,18 @@ absl::Status ReadOutput(ondemand::value value, JsonRequest* request) {
   auto& output = request->outputs.emplace_back();
   std::string& name = output.first;
   std::optional<bool>& binary = output.second;
+  KnownKeys known{"name", "parameters"};
   return ForEachField(value, "outputs", [&](std::string_view key, ondemand::value item) {
+    if (known.Repeated(key)) return KnownKeys::Twice(key);
     if (key == "name") {
       absl::StatusOr<std::string> text = String(item, "an output's name must be a string");
       if (text.ok()) name = *std::move(text);
       return text.status();
     }
     if (key != "parameters") return CheckValue(item);
+    KnownKeys known_parameters{"binary_data"};
     return ForEachField(item, "parameters", [&](std::string_view p, ondemand::value flag) {
+      if (known_parameters.Repeated(p)) return KnownKeys::Twice(p);
       if (p != "binary_data") return CheckValue(flag);
       absl::StatusOr<bool> on = Bool(flag, "binary_data must be a bool");
       if (on.ok()) binary = *on;
@@ -271,15 +306,10 @@ absl::Status ReadOutput(ondemand::value value, JsonRequest* request) {
 absl::Status ReadHeader(ondemand::document& document, JsonRequest* request) {
   ondemand::value root;
   ATTNSERVE_JSON(document.get_value().get(root), "the request");
-  std::vector<std::string> seen;
+  KnownKeys known{"id", "parameters", "inputs", "outputs"};
   return ForEachField(
       root, "the request must be an object", [&](std::string_view key, ondemand::value item) {
-        // The second pass finds `inputs` by name: a repeated key would make the passes disagree.
-        if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "key '", Clipped(absl::string_view(key.data(), key.size())), "' given twice"));
-        }
-        seen.emplace_back(key);
+        if (known.Repeated(key)) return KnownKeys::Twice(key);
         if (key == "id") {
           absl::StatusOr<std::string> id = String(item, "id must be a string");
           if (id.ok()) request->id = *std::move(id);
@@ -688,6 +718,10 @@ absl::Status DecodeHttpInfer(absl::string_view body, size_t body_capacity, int64
   decoded->id = request.id;
   decoded->kind_given = request.kind.has_value();
   decoded->sequence.reset();
+  if (!request.sequence_id.has_value() && (request.sequence_start || request.sequence_end)) {
+    return SequenceFlagWithoutId(request.sequence_start ? kSequenceStartParameter
+                                                        : kSequenceEndParameter);
+  }
   if (request.sequence_id.has_value()) {
     decoded->sequence =
         SequenceParams{*request.sequence_id, request.sequence_start, request.sequence_end};

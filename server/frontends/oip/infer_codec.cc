@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/float16.h"
 #include "core/layer_spec.h"
+#include "server/frontends/oip/sequence_step.h"
 #include "server/frontends/tensor_codec.h"
 #include "server/observability/logging.h"
 
@@ -193,6 +194,21 @@ absl::StatusOr<bool> ReturnAttentionParameter(const Parameters& parameters) {
   return it->second.bool_param();
 }
 
+// A request without sequence_id that sets sequence_start or sequence_end: SequenceFlagWithoutId
+// (the flags' own types are checked where a sequence's request reads them).
+absl::Status CheckNoSequenceFlags(const Parameters& parameters) {
+  if (parameters.contains(kSequenceIdParameter)) return absl::OkStatus();
+  for (const char* flag : {kSequenceStartParameter, kSequenceEndParameter}) {
+    const auto it = parameters.find(flag);
+    if (it != parameters.end() &&
+        (it->second.parameter_choice_case() != InferParameter::kBoolParam ||
+         it->second.bool_param())) {
+      return SequenceFlagWithoutId(flag);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The reply's outputs: those the caller named (each once, each one of ours), or `output` and,
 // when return_attention is set, `attention`.
 absl::Status ChooseOutputs(const ModelInferRequest& request, bool return_attention,
@@ -256,6 +272,9 @@ absl::Status DecodeInferRequest(const ModelInferRequest& request, DecodedInfer* 
   if (!kind.ok()) return kind.status();
   absl::StatusOr<bool> return_attention = ReturnAttentionParameter(request.parameters());
   if (!return_attention.ok()) return return_attention.status();
+  if (absl::Status status = CheckNoSequenceFlags(request.parameters()); !status.ok()) {
+    return status;
+  }
   if (absl::Status status = ChooseOutputs(request, *return_attention, decoded); !status.ok()) {
     return status;
   }

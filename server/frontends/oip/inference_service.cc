@@ -194,17 +194,21 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
     auto parsed = std::make_unique<inference::ModelInferRequest>();
     grpc::ByteBuffer bytes(*request);
     grpc::ProtoBufferReader reader(&bytes);
-    if (parsed->ParseFromZeroCopyStream(&reader)) {
-      absl::StatusOr<std::optional<SequenceParams>> params = ReadSequenceParams(*parsed);
-      if (!params.ok()) {
-        admission_->SessionMessageAnswered(parsed->model_name(), params.status());
-        grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-        reactor->Finish(ToGrpcStatus(params.status()));
-        return reactor;
-      }
-      if (params->has_value()) {
-        return new SequenceInferCall(admission_, sequences_, std::move(parsed), **params, response);
-      }
+    // A request naming sequence_id that does not parse is still a session's message: refused
+    // as one, not queued as a call (a full queue would answer it RESOURCE_EXHAUSTED).
+    absl::StatusOr<std::optional<SequenceParams>> params =
+        parsed->ParseFromZeroCopyStream(&reader)
+            ? ReadSequenceParams(*parsed)
+            : absl::StatusOr<std::optional<SequenceParams>>(
+                  MalformedBody(inference::ModelInferRequest::descriptor()->full_name()));
+    if (!params.ok()) {
+      admission_->SessionMessageAnswered(parsed->model_name(), params.status());
+      grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+      reactor->Finish(ToGrpcStatus(params.status()));
+      return reactor;
+    }
+    if (params->has_value()) {
+      return new SequenceInferCall(admission_, sequences_, std::move(parsed), **params, response);
     }
   }
   return AdmitRawCall<InferCall>(admission_, context, request, response);

@@ -136,7 +136,8 @@ void StreamInferCall::Answer(const absl::Status& status) {
   grpc::Status serialized;
   {
     std::lock_guard lock(mu_);  // the step's answer (any thread) before the next read's Clear
-    admission_->SessionMessageAnswered(request_.model_name(), status);
+    admission_->SessionMessageAnswered(step_ != nullptr ? step_->model() : request_.model_name(),
+                                       status);
     if (!status.ok()) {
       response_.clear_infer_response();
       response_.set_error_message(
@@ -191,7 +192,7 @@ SequenceInferCall::SequenceInferCall(Admission* admission, SequenceTable* table,
       step_(admission, table, request_.get(), std::move(params), &response_) {
   { std::lock_guard lock(mu_); }  // the members' construction, before OnDone
   step_.Run([this, admission](absl::Status status) {
-    admission->SessionMessageAnswered(request_->model_name(), status);
+    admission->SessionMessageAnswered(step_.model(), status);
     grpc::Status reply = ToGrpcStatus(status);
     if (status.ok()) {
       bool own_buffer = false;

@@ -39,6 +39,11 @@ class ProtoSequenceStep {
   // The caller left: SequenceStep::Cancel.
   void Cancel(const absl::Status& why) { step_.Cancel(why); }
 
+  // SequenceStep::model; the request's model if it was refused before SequenceStep saw it.
+  const std::string& model() const {
+    return step_.model().empty() ? request_->model_name() : step_.model();
+  }
+
  private:
   const inference::ModelInferRequest* const request_;
   inference::ModelInferResponse* const response_;

@@ -10,6 +10,12 @@
 
 namespace attnserve::server {
 
+absl::Status SequenceFlagWithoutId(absl::string_view flag) {
+  return absl::InvalidArgumentError(absl::StrCat("parameter '", flag, "' is set but '",
+                                                 kSequenceIdParameter,
+                                                 "' is missing: name the sequence"));
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const SequenceRequest& request,
                                                                   bool* opened) {
   core::ForwardArgs& args = *request.args;
@@ -42,6 +48,7 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const Sequence
 }
 
 void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::Status)> done) {
+  model_ = request.model;
   if (!admission_->accepting()) return done(absl::UnavailableError("the server is shutting down"));
   if (request.params.id.size() > kMaxSequenceIdBytes + 2) {  // a string id is quoted
     return done(
@@ -59,6 +66,7 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   absl::StatusOr<std::shared_ptr<Session>> found = SessionFor(request, &opened);
   if (!found.ok()) return done(found.status());
   std::shared_ptr<Session> session = *std::move(found);
+  model_ = session->model();
   const core::Layer& layer = *session->layer();
   const core::RaggedBatch& input = request.args->input;
   if (absl::Status s = layer.ValidateBatch(input, false, "input"); !s.ok()) return done(s);
@@ -78,7 +86,7 @@ void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::
   StepArgs args = MakeStepArgs(input, buffers->output, shapes.output_width);
   const bool end = request.params.end;
   args.ends_sequence = end;
-  const std::string id = request.params.id, model = session->version()->name;
+  const std::string id = request.params.id, model = model_;
   const uint64_t ticket = Session::NewStepTicket();
   {
     std::lock_guard lock(mu_);

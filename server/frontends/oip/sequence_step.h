@@ -29,6 +29,10 @@ inline constexpr size_t kMaxSequenceIdBytes = 256;
 inline constexpr char kSequenceStartParameter[] = "sequence_start";
 inline constexpr char kSequenceEndParameter[] = "sequence_end";
 
+// A request that sets `flag` (sequence_start or sequence_end) without a sequence_id: refused,
+// not served as a one-shot call with the flag dropped.
+absl::Status SequenceFlagWithoutId(absl::string_view flag);
+
 // A request's sequence parameters.
 struct SequenceParams {
   std::string id;  // the sequence_id's value, as text (a string id quoted)
@@ -64,6 +68,10 @@ class SequenceStep {
   // taken runs on and is answered as usual. Safe from any thread while the step lives.
   void Cancel(const absl::Status& why);
 
+  // The model the step's answer counts under: its session's once found or opened (a request
+  // naming none goes to one), else as the request named it. Valid in `done`.
+  const std::string& model() const { return model_; }
+
  private:
   // The session the step goes to: its sequence's, or (sequence_start) a new one, not yet
   // registered, and then `opened` is set.
@@ -74,6 +82,7 @@ class SequenceStep {
   std::mutex mu_;                     // Run and its answer (any thread) against Cancel
   std::shared_ptr<Session> session_;  // guarded by mu_: held until the step is answered
   uint64_t ticket_ = 0;               // guarded by mu_: the step's, for Session::Withdraw
+  std::string model_;                 // written by Run before the step can be answered
 };
 
 }  // namespace attnserve::server

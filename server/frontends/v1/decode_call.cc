@@ -3,12 +3,19 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/guarded.h"
 #include "server/frontends/grpc_status.h"
 #include "server/frontends/raw_call.h"
 #include "server/frontends/tensor_codec.h"
 #include "server/frontends/v1/forward_codec.h"
 
 namespace attnserve::server {
+namespace {
+
+// What a step taken back because its stream ended says (no one reads it: it is counted).
+absl::Status StreamEnded() { return absl::CancelledError("the stream ended"); }
+
+}  // namespace
 
 DecodeCall::DecodeCall(Admission* admission) : admission_(admission) {
   { std::lock_guard lock(mu_); }  // the members' construction, before any reaction
@@ -22,18 +29,27 @@ void DecodeCall::OnReadDone(bool ok) {
     End(grpc::Status::OK);
     return;
   }
-  if (absl::Status s = ParseStreamMessage(&request_bytes_, &request_); !s.ok()) {
-    Answer(s);
+  // Nothing may escape to gRPC (out of memory decoding a message): the message would go
+  // unanswered and the stream, with its session, would never finish.
+  absl::Status parsed = core::Guarded("cannot read the message", absl::StatusCode::kInternal, [&] {
+    return ParseStreamMessage(&request_bytes_, &request_);
+  });
+  if (!parsed.ok()) {
+    Answer(parsed);
     return;
   }
   Take();
+}
+
+const std::string& DecodeCall::model() const {
+  return session_ != nullptr ? session_->model() : request_.model();
 }
 
 void DecodeCall::Take() {
   if (!admission_->accepting()) {
     // Draining: the stream ends, so its client replays its sequence on another replica.
     const absl::Status draining = absl::UnavailableError("the server is shutting down");
-    admission_->SessionMessageAnswered(request_.model(), draining);
+    admission_->SessionMessageAnswered(model(), draining);
     End(ToGrpcStatus(draining));
     return;
   }
@@ -44,18 +60,35 @@ void DecodeCall::Take() {
     Answer(s);
     return;
   }
+  bool cancelled;
   {
     std::lock_guard lock(mu_);
     step_in_flight_ = true;
     first_step_ = opening;
+    cancelled = cancelled_;
   }
-  // Refused here or answered by its run, the message ends in StepDone.
+  // Refused here or answered by its run, the message ends in StepDone; a stream cancelled
+  // before its step waits (OnCancel found nothing to take back) does not run it.
   StepArgs args;
-  absl::Status taken = MakeStep(&args);
+  absl::Status taken = cancelled
+                           ? StreamEnded()
+                           : core::Guarded("cannot take the message", absl::StatusCode::kInternal,
+                                           [&] { return MakeStep(&args); });
   if (taken.ok()) {
     taken = session_->Step(std::move(args), [this](absl::Status status) { StepDone(status); });
   }
-  if (!taken.ok()) StepDone(taken);
+  if (!taken.ok()) {
+    StepDone(taken);
+    return;
+  }
+  // A cancel while the step was being queued found nothing to take back: it does now, if the
+  // step still waits (its answer, on any thread, may have come already).
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard lock(mu_);
+    if (cancelled_ && step_in_flight_) session = session_;
+  }
+  if (session != nullptr) session->CancelStep(StreamEnded());
 }
 
 bool DecodeCall::OpenSession() {
@@ -66,10 +99,7 @@ bool DecodeCall::OpenSession() {
         "ATTENTION_KIND_CAUSAL_CROSS");
   }
   absl::Status s = kind.status();
-  if (s.ok()) {
-    s = DecodeTensorBatch(request_.input(), request_.lengths(), "input", &input_copy_, &raw_,
-                          &input_);
-  }
+  if (s.ok()) s = DecodeInput();
   const bool cross = kind.ok() && *kind == core::AttentionKind::kCausalCross;
   if (s.ok() && !cross && request_.context_lengths_size() > 0) {
     s = absl::InvalidArgumentError("a causal session takes no context (nor context_lengths)");
@@ -82,8 +112,10 @@ bool DecodeCall::OpenSession() {
   core::RaggedBatch context;
   std::vector<float> context_copy;
   if (s.ok() && cross) {
-    s = DecodeTensorBatch(request_.context(), request_.context_lengths(), "context", &context_copy,
-                          nullptr, &context);
+    s = core::Guarded("cannot read the context", absl::StatusCode::kInternal, [&] {
+      return DecodeTensorBatch(request_.context(), request_.context_lengths(), "context",
+                               &context_copy, nullptr, &context);
+    });
   }
   if (!s.ok()) {
     Answer(s);
@@ -116,11 +148,22 @@ absl::Status DecodeCall::DecodeNext() {
           session_->kind()) {
     return absl::InvalidArgumentError("kind differs from the session's (set by its first message)");
   }
+  if (request_.version() != 0 && request_.version() != session_->version()->version) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version ", request_.version(), " differs from the session's (",
+                     session_->version()->version, ", set by its first message)"));
+  }
   if (HasTensor(request_.context()) || !request_.context_lengths().empty()) {
     return absl::InvalidArgumentError("a session's context comes in its first message only");
   }
-  return DecodeTensorBatch(request_.input(), request_.lengths(), "input", &input_copy_, &raw_,
-                           &input_);
+  return DecodeInput();
+}
+
+absl::Status DecodeCall::DecodeInput() {
+  return core::Guarded("cannot read the input", absl::StatusCode::kInternal, [&] {
+    return DecodeTensorBatch(request_.input(), request_.lengths(), "input", &input_copy_, &raw_,
+                             &input_);
+  });
 }
 
 absl::Status DecodeCall::MakeStep(StepArgs* args) {
@@ -155,7 +198,9 @@ void DecodeCall::StepDone(const absl::Status& status) {
     if (first_step_ && !status.ok()) session_.reset();
   }
   if (cancelled) {
-    End(ToGrpcStatus(absl::CancelledError("the stream ended")));
+    // Counted by what the server did, as every message: OK if it ran, CANCELLED if taken back.
+    admission_->SessionMessageAnswered(model(), status);
+    End(ToGrpcStatus(StreamEnded()));
     return;
   }
   Answer(status);
@@ -167,8 +212,7 @@ void DecodeCall::Answer(const absl::Status& status) {
   grpc::Status serialized;
   {
     std::lock_guard lock(mu_);  // the answer (on any thread), before the next reaction's use
-    admission_->SessionMessageAnswered(session_ != nullptr ? session_->model() : request_.model(),
-                                       status);
+    admission_->SessionMessageAnswered(model(), status);
     if (!status.ok()) {
       response_.clear_output();
       response_.set_error_code(static_cast<int32_t>(status.code()));
@@ -210,7 +254,7 @@ void DecodeCall::OnCancel() {
     if (step_in_flight_) session = session_;
   }
   // A queued step comes back at once (StepDone then ends the stream); a running one finishes.
-  if (session != nullptr) session->CancelStep(absl::CancelledError("the stream ended"));
+  if (session != nullptr) session->CancelStep(StreamEnded());
 }
 
 void DecodeCall::End(const grpc::Status& status) {

@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "attnserve/v1/attention.grpc.pb.h"
@@ -35,6 +36,10 @@ class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   bool OpenSession();
   // Decodes a later message's input, after checking it does not try to change the session.
   absl::Status DecodeNext();
+  // Decodes request_'s input into input_.
+  absl::Status DecodeInput();
+  // The model its messages count under: the session's, or as the message names it before one.
+  const std::string& model() const;
   // Converts request_ into the step's arguments and sizes response_'s output.
   absl::Status MakeStep(StepArgs* args);
   // The step has run (any thread): answer it, or end if the stream was cancelled meanwhile.
