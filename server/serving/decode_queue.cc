@@ -4,6 +4,7 @@
 #include <chrono>
 #include <exception>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,9 @@
 namespace attnserve::server {
 namespace {
 
+// Groups (kinds times versions) whose latest run RunNext keeps before it forgets those with no
+// step waiting.
+constexpr size_t kGroupsKept = 64;
 // A step with at most this many new tokens a sequence is a generation step, not a prefill.
 constexpr int64_t kShortStepTokens = 16;
 // What the prompts' chunks may cost in a run beside short steps, at least (in cached keys read,
@@ -185,24 +189,30 @@ void DecodeQueue::RunNext(Clock::time_point now) {
     std::lock_guard lock(mu_);
     if (pending_.empty()) return;
     // One kind and one version a run (one Layer::Decode). They take turns: of the groups with
-    // steps waiting, the one whose latest run is the oldest goes (a group new or back after a
-    // while first; then the first to arrive), so a long prompt's chunks alternate with the other
-    // groups' steps instead of holding them to its end.
-    std::map<Group, uint64_t> waiting;  // each waiting group, with its latest run
+    // steps waiting, the one whose latest run is the oldest goes (a new group first; then the
+    // first to arrive), so a long prompt's chunks alternate with the other groups' steps instead
+    // of holding them to its end. A group keeps its latest run while no step of it waits:
+    // forgotten, it would come back first every time, and two groups whose steps come between
+    // runs would hold a third's waiting step for good.
+    std::set<Group> waiting;
     Group lead{};
     uint64_t lead_run = std::numeric_limits<uint64_t>::max();
     for (const Pending& step : pending_) {
       const Group group{step.session->kind(), step.session->layer().get()};
-      if (waiting.contains(group)) continue;
+      if (!waiting.insert(group).second) continue;
       const auto it = group_runs_.find(group);
-      const uint64_t latest = waiting[group] = it == group_runs_.end() ? 0 : it->second;
+      const uint64_t latest = it == group_runs_.end() ? 0 : it->second;
       if (latest < lead_run) {
         lead = group;
         lead_run = latest;
       }
     }
-    waiting[lead] = ++runs_;
-    group_runs_ = std::move(waiting);  // the groups no step waits for are forgotten
+    group_runs_[lead] = ++runs_;
+    // Kinds times versions served at once are few; past that many, the groups no step waits
+    // for go (a version unloaded, its layer's address free for another).
+    if (group_runs_.size() > kGroupsKept) {
+      std::erase_if(group_runs_, [&](const auto& entry) { return !waiting.contains(entry.first); });
+    }
     const auto [kind, layer] = lead;
     for (Pending& step : pending_) {
       if (step.session->kind() != kind || step.session->layer().get() != layer) continue;

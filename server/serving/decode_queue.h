@@ -96,7 +96,7 @@ class DecodeQueue final : public RunQueue {
   Clock::time_point recent_short_at_;
   // A run's kind and version (its layer: only compared, never used).
   using Group = std::pair<core::AttentionKind, const core::Layer*>;
-  // Runs so far, and the latest run of each group with steps waiting at the last choice.
+  // Runs so far, and the latest run of each group (RunNext's turns).
   uint64_t runs_ = 0;
   std::map<Group, uint64_t> group_runs_;
 };

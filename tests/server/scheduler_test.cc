@@ -669,6 +669,89 @@ TEST(DecodeQueueTest, EveryKindAndVersionWithStepsWaitingTakesItsTurn) {
   EXPECT_EQ(answered[0], 'C') << "the steps were answered in the order " << answered;
 }
 
+// Two groups whose steps each come while the other's runs (a client's answer-to-next-step time
+// shorter than a run) do not hold a third group's waiting prompt to the end of their steps: a
+// group keeps its latest run while it has no step waiting, and the prompt's chunks go between
+// theirs.
+TEST(DecodeQueueTest, GroupsWhoseStepsComeBetweenRunsDoNotHoldAWaitingPrompt) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  const VersionHandle other = std::make_shared<ModelVersion>(
+      ModelVersion{.name = "m",
+                   .version = 2,
+                   .source = "built-in",
+                   .layer = *core::Layer::Create(core::MakeDemoWeights()),
+                   .summary = {}});
+  // Beside generating sessions a prompt runs in chunks of a few dozen tokens: about ten here.
+  constexpr int64_t kPrompt = 256;
+  constexpr int kChainSteps = 400;
+  std::vector<float> prompt(kPrompt * kWidth);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::sin(0.001f * i);
+  core::RaggedBatch context{.data = prompt.data(), .width = kWidth, .lengths = {8}};
+  auto open = [&](VersionHandle version, core::AttentionKind kind) {
+    absl::StatusOr<std::unique_ptr<Session>> opened = manager.Open(
+        std::move(version), kind, 1, kind == core::AttentionKind::kCausalCross ? &context : nullptr,
+        &queue, nullptr);
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    return opened.ok() ? *std::move(opened) : nullptr;
+  };
+  std::unique_ptr<Session> a = open(DemoVersion(), core::AttentionKind::kCausal);
+  std::unique_ptr<Session> b = open(other, core::AttentionKind::kCausal);
+  std::unique_ptr<Session> c = open(DemoVersion(), core::AttentionKind::kCausalCross);
+  ASSERT_TRUE(a && b && c);
+  std::vector<float> a_output(kPrompt * kWidth), chain_output(kWidth);
+  std::mutex mu;
+  std::condition_variable done_cv;
+  int chain_steps = 0;            // guarded by mu
+  int chain_steps_before_a = -1;  // guarded by mu: when the prompt was answered
+  bool prompt_sent = false;       // guarded by mu
+  // B's answer sends C's next step and C's answer B's, from the compute thread: at each choice
+  // of a run, the group that just ran has no step waiting.
+  std::function<void(Session*)> chain = [&](Session* next) {
+    StepArgs args;
+    args.inputs = {prompt.data()};
+    args.tokens = {1};
+    args.outputs = {chain_output.data()};
+    const absl::Status taken = next->Step(std::move(args), [&, next](absl::Status status) {
+      EXPECT_TRUE(status.ok()) << status;
+      bool more;
+      {
+        std::unique_lock lock(mu);
+        more = ++chain_steps < kChainSteps;
+        done_cv.notify_all();
+        // The prompt comes once the two groups are generating (alone, it would run whole at
+        // once), and before their next step.
+        if (chain_steps == 10) done_cv.wait(lock, [&] { return prompt_sent; });
+      }
+      if (more) chain(next == b.get() ? c.get() : b.get());
+    });
+    EXPECT_TRUE(taken.ok()) << taken;
+  };
+  chain(b.get());
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(done_cv.wait_for(lock, seconds(60), [&] { return chain_steps >= 10; }));
+  }
+  StepArgs args;
+  args.inputs = {prompt.data()};
+  args.tokens = {kPrompt};
+  args.outputs = {a_output.data()};
+  ASSERT_TRUE(a->Step(std::move(args), [&](absl::Status status) {
+                 EXPECT_TRUE(status.ok()) << status;
+                 std::lock_guard lock(mu);
+                 chain_steps_before_a = chain_steps;
+                 done_cv.notify_all();
+               }).ok());
+  std::unique_lock lock(mu);
+  prompt_sent = true;
+  done_cv.notify_all();
+  ASSERT_TRUE(done_cv.wait_for(
+      lock, seconds(120), [&] { return chain_steps == kChainSteps && chain_steps_before_a >= 0; }));
+  EXPECT_LT(chain_steps_before_a, kChainSteps)
+      << "the prompt waited for all " << kChainSteps << " steps of the other two groups";
+}
+
 // A causal model whose heads are too wide for the cache's attention serves calls but no
 // sessions: ListModels says so (its summary), and a session is refused when it opens, not at
 // every step after.
