@@ -39,6 +39,8 @@ void SequenceTable::Start(const std::string& id, std::shared_ptr<Session> sessio
       log = true;
     }
   }
+  // The old session's steps still waiting their turn are not run where no request reaches.
+  if (old != nullptr) old->Replaced();
   if (log) {
     Log(LogLevel::kInfo, "sequence_start on a sequence id in use: its session ended",
         {{"model", model}, {"sequence_id", Clipped(id)}});

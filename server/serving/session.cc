@@ -227,6 +227,11 @@ void Session::Run(StepArgs args, std::function<void(absl::Status)> done) {
 }
 
 absl::Status Session::Take(const StepArgs& args) {
+  if (replaced_) {
+    return absl::NotFoundError(
+        "the sequence started over (a sequence_start was answered) before this step's turn: it "
+        "was not run; send it again to go on from that start");
+  }
   if (ending_) {
     return absl::NotFoundError(
         "the sequence has ended: a step with sequence_end came before this one; send "
@@ -271,6 +276,11 @@ absl::Status Session::Take(const StepArgs& args) {
 }
 
 void Session::CancelStep(const absl::Status& why) { queue_->Cancel(this, why); }
+
+void Session::Replaced() {
+  std::lock_guard lock(mu_);
+  replaced_ = true;
+}
 
 void Session::Withdraw(uint64_t ticket, const absl::Status& why) {
   std::function<void(absl::Status)> done;

@@ -102,6 +102,10 @@ class Session {
   // running finishes. Safe from any thread.
   void CancelStep(const absl::Status& why);
 
+  // The sequence this session served started over on another session (sequence_start on its
+  // id): a step taken runs on, the steps waiting for their turn and any after are NotFound.
+  void Replaced();
+
  private:
   friend class SessionManager;
   friend class DecodeQueue;
@@ -145,7 +149,8 @@ class Session {
   // A step is queued or running; the steps handed over meanwhile, in order.
   bool busy_ = false;
   std::deque<Waiting> waiting_;
-  bool ending_ = false;  // a step that ends the sequence was taken
+  bool ending_ = false;    // a step that ends the sequence was taken
+  bool replaced_ = false;  // the sequence started over on another session (Replaced)
 };
 
 // Opens sessions within the process's limits: the KV cache budget and the session count.

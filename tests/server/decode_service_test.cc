@@ -929,6 +929,49 @@ TEST_F(DecodeServiceTest, ASequenceStartTakesTheIdOverOnlyOnceItsStepIsTaken) {
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
+// A step sent to a sequence before a sequence_start on its id, still waiting for its turn behind
+// a long step of the old session when that start is answered, is not run on the old session
+// (where no request reaches): NOT_FOUND, as a step behind sequence_end is.
+TEST_F(DecodeServiceTest, AStepWaitingOnASessionThatARestartReplacedIsNotFound) {
+  ServerOptions options;
+  options.max_session_tokens = 16384;
+  Restart(options);
+  constexpr int64_t kLong = 10000;  // far longer to compute than the restart takes
+  const std::vector<float> prompt = LongPrompt(kLong + 4);
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 9, true, false), &response).ok());
+  const double tokens_before = Counter("attnserve_decode_tokens_total");
+  grpc::Status long_status, waiting_status;
+  std::atomic<bool> long_answered{false};
+  std::thread long_step([&] {
+    inference::ModelInferResponse long_response;
+    long_status = Infer(SequenceRequest(prompt, 4, kLong, 9, false, false), &long_response);
+    long_answered = true;
+  });
+  WaitForADecodeRun(tokens_before);
+  std::thread waiting_step([&] {
+    inference::ModelInferResponse waiting_response;
+    waiting_status =
+        Infer(SequenceRequest(prompt, kLong + 4, 1, 9, false, false), &waiting_response);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // it reaches the server
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 0, 4, 9, true, false), &response).ok());
+  const bool long_still_computing = !long_answered.load();
+  long_step.join();
+  waiting_step.join();
+  ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
+  EXPECT_TRUE(long_status.ok()) << long_status.error_message();
+  EXPECT_EQ(waiting_status.error_code(), grpc::StatusCode::NOT_FOUND)
+      << waiting_status.error_message();
+  // The new session holds its 4 tokens and nothing else: its next row is the sequence's fifth.
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 4, 1, 9, false, true), &response).ok());
+  const std::vector<float> want = RowOfTheSequence(4);
+  const std::vector<float> got = RawOutput(response);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) ASSERT_NEAR(got[k], want[k], 1e-4f) << k;
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
 // Restarting a sequence (sequence_start on its id) is not refused when --max-sessions are open:
 // the restart ends the id's session. A new id still is.
 TEST_F(DecodeServiceTest, ARestartIsNotRefusedWhenEverySessionIsOpen) {
