@@ -56,11 +56,14 @@ void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(abs
   // A step alone and small enough for one thread (Layer::Decode runs it serially) runs here
   // when the compute thread is idle: two thread hand-offs cost more than such a step. (Decided
   // before it is queued: once queued, it may be answered, and its session gone, at any time.)
+  // A causal cross session's first step projects its whole context (Reads does not count it):
+  // never inline.
   bool serial;
   {
     std::lock_guard session_lock(session->mu_);
-    serial = static_cast<double>(Reads(step)) * 4 * session->layer()->spec().inner() <
-             core::kSerialFlops;
+    serial = session->pending_context_.empty() &&
+             static_cast<double>(Reads(step)) * 4 * session->layer()->spec().inner() <
+                 core::kSerialFlops;
   }
   bool queued = false, alone = false;
   {
