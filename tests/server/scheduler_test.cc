@@ -51,6 +51,17 @@ VersionHandle DemoVersion() {
   return version;
 }
 
+// Version 2 of "m", the demo weights in a layer of its own: another group of decode runs than
+// DemoVersion's.
+VersionHandle OtherDemoVersion() {
+  return std::make_shared<ModelVersion>(
+      ModelVersion{.name = "m",
+                   .version = 2,
+                   .source = "built-in",
+                   .layer = *core::Layer::Create(core::MakeDemoWeights()),
+                   .summary = {}});
+}
+
 // A call that owns its input and its reply, and records its answer.
 class FakeJob final : public Job {
  public:
@@ -618,12 +629,7 @@ TEST(DecodeQueueTest, EveryKindAndVersionWithStepsWaitingTakesItsTurn) {
   ComputeExecutor executor(1);
   DecodeQueue queue("m", 256, &executor, nullptr);
   SessionManager manager(SessionOptions{});
-  const VersionHandle other = std::make_shared<ModelVersion>(
-      ModelVersion{.name = "m",
-                   .version = 2,
-                   .source = "built-in",
-                   .layer = *core::Layer::Create(core::MakeDemoWeights()),
-                   .summary = {}});
+  const VersionHandle other = OtherDemoVersion();
   constexpr int64_t kPrompt = 4096;
   std::vector<float> prompt(kPrompt * kWidth);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::sin(0.001f * i);
@@ -677,12 +683,7 @@ TEST(DecodeQueueTest, GroupsWhoseStepsComeBetweenRunsDoNotHoldAWaitingPrompt) {
   ComputeExecutor executor(1);
   DecodeQueue queue("m", 256, &executor, nullptr);
   SessionManager manager(SessionOptions{});
-  const VersionHandle other = std::make_shared<ModelVersion>(
-      ModelVersion{.name = "m",
-                   .version = 2,
-                   .source = "built-in",
-                   .layer = *core::Layer::Create(core::MakeDemoWeights()),
-                   .summary = {}});
+  const VersionHandle other = OtherDemoVersion();
   // Beside generating sessions a prompt runs in chunks of a few dozen tokens: about ten here.
   constexpr int64_t kPrompt = 256;
   constexpr int kChainSteps = 400;
