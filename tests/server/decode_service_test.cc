@@ -937,7 +937,7 @@ TEST_F(DecodeServiceTest, AStepWaitingOnASessionThatARestartReplacedIsNotFound) 
   options.max_session_tokens = 16384;
   Restart(options);
   constexpr int64_t kLong = 10000;  // far longer to compute than the restart takes
-  const std::vector<float> prompt = LongPrompt(kLong + 4);
+  const std::vector<float> prompt = LongPrompt(kLong + 5);
   inference::ModelInferResponse response;
   ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 9, true, false), &response).ok());
   const double tokens_before = Counter("attnserve_decode_tokens_total");
@@ -954,7 +954,7 @@ TEST_F(DecodeServiceTest, AStepWaitingOnASessionThatARestartReplacedIsNotFound) 
     waiting_status =
         Infer(SequenceRequest(prompt, kLong + 4, 1, 9, false, false), &waiting_response);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // it reaches the server
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it reaches the server
   ASSERT_TRUE(Infer(SequenceRequest(sequence_, 0, 4, 9, true, false), &response).ok());
   const bool long_still_computing = !long_answered.load();
   long_step.join();

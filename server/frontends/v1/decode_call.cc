@@ -42,7 +42,7 @@ void DecodeCall::OnReadDone(bool ok) {
 }
 
 const std::string& DecodeCall::model() const {
-  return session_ != nullptr ? session_->model() : request_.model();
+  return session_model_.empty() ? request_.model() : session_model_;
 }
 
 void DecodeCall::Take() {
@@ -92,6 +92,7 @@ void DecodeCall::Take() {
 }
 
 bool DecodeCall::OpenSession() {
+  session_model_.clear();
   absl::StatusOr<core::AttentionKind> kind = KindFromProto(request_.kind());
   if (kind.ok() && !core::IsCausal(*kind)) {
     kind = absl::InvalidArgumentError(
@@ -135,6 +136,7 @@ bool DecodeCall::OpenSession() {
     return false;
   }
   session_ = *std::move(session);
+  session_model_ = session_->model();
   return true;
 }
 

@@ -38,7 +38,8 @@ class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   absl::Status DecodeNext();
   // Decodes request_'s input into input_.
   absl::Status DecodeInput();
-  // The model its messages count under: the session's, or as the message names it before one.
+  // The model its messages count under: the session's (a first message that fails once its
+  // session opened too), or as the message names it before one opens.
   const std::string& model() const;
   // Converts request_ into the step's arguments and sizes response_'s output.
   absl::Status MakeStep(StepArgs* args);
@@ -56,6 +57,7 @@ class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   v1::DecodeResponse response_;
   // Shared only so that OnCancel can take a queued step back while the session may end.
   std::shared_ptr<Session> session_;
+  std::string session_model_;  // the model of the session the latest first message opened
   core::RaggedBatch input_;
   std::vector<float> input_copy_;
   bool raw_ = false;
