@@ -51,6 +51,15 @@ VersionHandle DemoVersion() {
   return version;
 }
 
+// A causal cross session's context: the first 8 rows of `rows`, one sequence.
+core::RaggedBatch EightTokenContext(const std::vector<float>& rows) {
+  core::RaggedBatch context;
+  context.data = rows.data();
+  context.width = kWidth;
+  context.lengths = {8};
+  return context;
+}
+
 // Version 2 of "m", the demo weights in a layer of its own: another group of decode runs than
 // DemoVersion's.
 VersionHandle OtherDemoVersion() {
@@ -633,7 +642,7 @@ TEST(DecodeQueueTest, EveryKindAndVersionWithStepsWaitingTakesItsTurn) {
   constexpr int64_t kPrompt = 4096;
   std::vector<float> prompt(kPrompt * kWidth);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::sin(0.001f * i);
-  core::RaggedBatch context{.data = prompt.data(), .width = kWidth, .lengths = {8}};
+  const core::RaggedBatch context = EightTokenContext(prompt);
   struct Opened {
     char name;
     VersionHandle version;
@@ -689,7 +698,7 @@ TEST(DecodeQueueTest, GroupsWhoseStepsComeBetweenRunsDoNotHoldAWaitingPrompt) {
   constexpr int kChainSteps = 400;
   std::vector<float> prompt(kPrompt * kWidth);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::sin(0.001f * i);
-  core::RaggedBatch context{.data = prompt.data(), .width = kWidth, .lengths = {8}};
+  const core::RaggedBatch context = EightTokenContext(prompt);
   auto open = [&](VersionHandle version, core::AttentionKind kind) {
     absl::StatusOr<std::unique_ptr<Session>> opened = manager.Open(
         std::move(version), kind, 1, kind == core::AttentionKind::kCausalCross ? &context : nullptr,
