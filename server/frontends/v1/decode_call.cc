@@ -150,7 +150,8 @@ absl::Status DecodeCall::DecodeNext() {
           session_->kind()) {
     return absl::InvalidArgumentError("kind differs from the session's (set by its first message)");
   }
-  if (request_.version() != 0 && request_.version() != session_->version()->version) {
+  if (request_.version() != 0 &&
+      static_cast<int64_t>(request_.version()) != session_->version()->version) {
     return absl::InvalidArgumentError(
         absl::StrCat("version ", request_.version(), " differs from the session's (",
                      session_->version()->version, ", set by its first message)"));
