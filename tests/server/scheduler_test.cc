@@ -51,6 +51,13 @@ VersionHandle DemoVersion() {
   return version;
 }
 
+// A smooth prompt of `tokens` demo tokens.
+std::vector<float> SmoothPrompt(int64_t tokens) {
+  std::vector<float> prompt(tokens * kWidth);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::sin(0.001f * i);
+  return prompt;
+}
+
 // A causal cross session's context: the first 8 rows of `rows`, one sequence.
 core::RaggedBatch EightTokenContext(const std::vector<float>& rows) {
   core::RaggedBatch context;
@@ -640,8 +647,7 @@ TEST(DecodeQueueTest, EveryKindAndVersionWithStepsWaitingTakesItsTurn) {
   SessionManager manager(SessionOptions{});
   const VersionHandle other = OtherDemoVersion();
   constexpr int64_t kPrompt = 4096;
-  std::vector<float> prompt(kPrompt * kWidth);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::sin(0.001f * i);
+  const std::vector<float> prompt = SmoothPrompt(kPrompt);
   const core::RaggedBatch context = EightTokenContext(prompt);
   struct Opened {
     char name;
@@ -696,8 +702,7 @@ TEST(DecodeQueueTest, GroupsWhoseStepsComeBetweenRunsDoNotHoldAWaitingPrompt) {
   // Beside generating sessions a prompt runs in chunks of a few dozen tokens: about ten here.
   constexpr int64_t kPrompt = 256;
   constexpr int kChainSteps = 400;
-  std::vector<float> prompt(kPrompt * kWidth);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::sin(0.001f * i);
+  const std::vector<float> prompt = SmoothPrompt(kPrompt);
   const core::RaggedBatch context = EightTokenContext(prompt);
   auto open = [&](VersionHandle version, core::AttentionKind kind) {
     absl::StatusOr<std::unique_ptr<Session>> opened = manager.Open(
