@@ -527,27 +527,42 @@ absl::Status Layer::Impl::ProjectOutput(const PackedCall& call, float* attended,
   return Project(Out(), call.rows, a, y, scratch);
 }
 
-absl::Status Layer::ProjectContext(const float* context, int64_t tokens, KvSequence* kv) const {
+absl::Status Layer::ProjectContext(std::span<const ContextRows> parts) const {
+  const Impl& impl = *impl_;
+  const int64_t inner = impl.spec.inner(), width = impl.spec.d_context;
+  int64_t tokens = 0;
+  for (const ContextRows& part : parts) tokens += part.tokens;
+  if (tokens == 0) return absl::OkStatus();
+  // A part of a few rows, as generation reaches them, is far below kSerialFlops.
+  ScopedOmpThreads threads(4.0 * static_cast<double>(tokens) * static_cast<double>(width) *
+                                       static_cast<double>(inner) <
+                                   kSerialFlops
+                               ? 1
+                               : 0);
   return Guarded("context projection", absl::StatusCode::kInternal, [&]() -> absl::Status {
-    if (tokens == 0) return absl::OkStatus();
-    const Impl& impl = *impl_;
-    const int64_t inner = impl.spec.inner(), width = impl.spec.d_context;
     const int64_t rows = MatmulRows(tokens);
     ThreadScratch& scratch = GetThreadScratch();
     const size_t element = impl.bf16() ? 2 : 4;
     auto* c = static_cast<unsigned char*>(scratch.context.Get(rows * width * element));
-    for (int64_t t = 0; t < tokens; ++t) {
-      if (impl.bf16()) {
-        ConvertToBf16(context + t * width, reinterpret_cast<uint16_t*>(c) + t * width, width);
-      } else {
-        std::memcpy(c + t * width * 4, context + t * width, width * 4);
+    int64_t row = 0;
+    for (const ContextRows& part : parts) {
+      for (int64_t t = 0; t < part.tokens; ++t, ++row) {
+        if (impl.bf16()) {
+          ConvertToBf16(part.rows + t * width, reinterpret_cast<uint16_t*>(c) + row * width, width);
+        } else {
+          std::memcpy(c + row * width * 4, part.rows + t * width, width * 4);
+        }
       }
     }
     std::memset(c + tokens * width * element, 0, (rows - tokens) * width * element);
     float* projected = scratch.kv.As<float>(rows * 2 * inner);
     if (absl::Status s = Project(impl.KV(), rows, c, projected, scratch); !s.ok()) return s;
-    for (int64_t t = 0; t < tokens; ++t) {
-      kv->Write(t, projected + t * 2 * inner, projected + t * 2 * inner + inner);
+    row = 0;
+    for (const ContextRows& part : parts) {
+      const int64_t from = part.kv->length();
+      for (int64_t t = 0; t < part.tokens; ++t, ++row) {
+        part.kv->Write(from + t, projected + row * 2 * inner, projected + row * 2 * inner + inner);
+      }
     }
     return absl::OkStatus();
   });

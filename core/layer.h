@@ -43,9 +43,18 @@ struct DecodeSequence {
   // kCausal: the keys and values of positions 0 .. position - 1 (length() == position); the
   // step appends the new tokens' (the caller has reserved room for position + tokens).
   KvSequence* cache = nullptr;
-  // kCausalCross: the context's keys and values (Layer::ProjectContext).
+  // kCausalCross: the context's keys and values (Layer::ProjectContext), projected at least as
+  // far as these tokens see: min(position + tokens, the context's length) rows.
   const KvSequence* context = nullptr;
   float* output = nullptr;  // [tokens, d_output()]
+};
+
+// Context rows to project (Layer::ProjectContext): `tokens` rows at `rows` ([tokens, d_context],
+// row-major) whose keys and values go to `kv` from its length on.
+struct ContextRows {
+  const float* rows = nullptr;
+  int64_t tokens = 0;
+  KvSequence* kv = nullptr;
 };
 
 // A loaded attention layer on the process's oneDNN CPU engine. Immutable once made:
@@ -87,10 +96,11 @@ class Layer {
   absl::Status ForwardValidated(const ForwardArgs& args, std::span<float> output,
                                 std::span<float> attention = {}) const;
 
-  // Projects `tokens` context rows ([tokens, d_context], row-major) to keys and values and
-  // caches them in `kv` (room for `tokens` reserved by the caller): a causal-cross session's
-  // context, computed once.
-  absl::Status ProjectContext(const float* context, int64_t tokens, KvSequence* kv) const;
+  // Projects context rows to keys and values and caches them, the parts of many sequences (of
+  // many sessions) as one matmul: a causal cross session's context, computed once, a part at a
+  // time as its positions reach it. Each part's rows go to its `kv` from its length on (room
+  // reserved by the caller); parts of one kv follow each other in order.
+  absl::Status ProjectContext(std::span<const ContextRows> parts) const;
 
   // One decode step of many sequences (of many sessions) at once: the new tokens' projections
   // as one matmul over all of them, their keys and values appended to their caches (kCausal),

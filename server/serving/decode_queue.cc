@@ -17,6 +17,11 @@ namespace {
 // Groups (kinds times versions) whose latest run RunNext keeps before it forgets those with no
 // step waiting.
 constexpr size_t kGroupsKept = 64;
+// A run projects at least this many rows of the causal cross contexts it has queries of,
+// when so many are left: the queries' own (those they see and are not projected yet), then the
+// rows after those. One token a step would otherwise project its context a row a step, each time
+// reading the layer's whole K and V weights for it.
+constexpr int64_t kContextRows = 64;
 // A step with at most this many new tokens a sequence is a generation step, not a prefill.
 constexpr int64_t kShortStepTokens = 16;
 // What the prompts' chunks may cost in a run beside short steps, at least (in cached keys read,
@@ -56,14 +61,11 @@ void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(abs
   // A step alone and small enough for one thread (Layer::Decode runs it serially) runs here
   // when the compute thread is idle: two thread hand-offs cost more than such a step. (Decided
   // before it is queued: once queued, it may be answered, and its session gone, at any time.)
-  // A causal cross session's first step projects its whole context (Reads does not count it):
-  // never inline.
   bool serial;
   {
     std::lock_guard session_lock(session->mu_);
-    serial = session->pending_context_.empty() &&
-             static_cast<double>(Reads(step)) * 4 * session->layer()->spec().inner() <
-                 core::kSerialFlops;
+    serial = static_cast<double>(Reads(step)) * 4 * session->layer()->spec().inner() <
+             core::kSerialFlops;
   }
   bool queued = false, alone = false;
   {
@@ -135,15 +137,29 @@ bool DecodeQueue::Short(const Pending& step) {
   return true;
 }
 
+int64_t DecodeQueue::ContextRowsToProject(const Session& session, size_t b, int64_t n) {
+  if (session.kind() != core::AttentionKind::kCausalCross) return 0;
+  const int64_t seen = std::min(session.positions_[b] + n, session.context_lengths_[b]);
+  return std::max<int64_t>(seen - session.contexts_[b]->length(), 0);
+}
+
 int64_t DecodeQueue::Reads(const Session& session, size_t b, int64_t n) {
   // Each query sees the keys up to its own position: its sequence's, or (causal cross) the
   // context's, however long the sequence. Its projections (Q, K, V and the output, about
-  // 4 d_model^2 multiply-adds) cost as much as reading 2 d_model keys (2 x inner each).
+  // 4 d_model^2 multiply-adds) cost as much as reading 2 d_model keys (2 x inner each), and a
+  // context row's (K and V) as reading d_context keys: those the queries see first, and the
+  // rows a run adds after them (kContextRows at most).
   const int64_t seen = session.positions_[b] + n;
-  const int64_t keys = session.kind() == core::AttentionKind::kCausal
-                           ? seen
-                           : std::min(seen, session.contexts_[b]->length());
-  return n * (keys + 2 * session.layer()->spec().d_model);
+  if (session.kind() == core::AttentionKind::kCausal) {
+    return n * (seen + 2 * session.layer()->spec().d_model);
+  }
+  int64_t context_rows = ContextRowsToProject(session, b, n);
+  if (context_rows > 0) {
+    const int64_t left = session.context_lengths_[b] - session.contexts_[b]->length();
+    context_rows = std::max(context_rows, std::min(kContextRows, left));
+  }
+  return n * (std::min(seen, session.context_lengths_[b]) + 2 * session.layer()->spec().d_model) +
+         context_rows * session.layer()->spec().d_context;
 }
 
 int64_t DecodeQueue::Reads(const Pending& step) {
@@ -226,11 +242,12 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   }
   const std::shared_ptr<const core::Layer>& layer = steps.front()->session->layer();
   absl::Status status;
-  // Each step's answer: its own failure (its context's projection, which fails it alone), or
-  // the run's.
-  std::vector<absl::Status> own(steps.size());
   std::vector<core::DecodeSequence> run;
   std::vector<size_t> step_of, sequence_of;  // each run entry's step and sequence
+  // The causal cross context rows the run's queries see and are not projected yet, and how
+  // many rows each part's context has after them.
+  std::vector<core::ContextRows> context_parts;
+  std::vector<int64_t> context_left;
   try {
     // While short steps share the run, the prompts' chunks together read no more cached keys
     // than those steps do (and at least kMinPrefillReads, so that prompts move on).
@@ -270,21 +287,30 @@ void DecodeQueue::RunNext(Clock::time_point now) {
       // Each session's state is read and written under its lock: its frontend's next Step
       // (on another thread, after this step's answer) sees what this run did.
       std::lock_guard session_lock(session.mu_);
-      // A causal cross session's context is projected once, by its first run; if that fails,
-      // its step fails and the others go on.
-      for (size_t b = 0; b < session.pending_context_.size() && own[i].ok(); ++b) {
-        const int64_t tokens =
-            static_cast<int64_t>(session.pending_context_[b].size()) / layer->spec().d_context;
-        own[i] = layer->ProjectContext(session.pending_context_[b].data(), tokens,
-                                       session.contexts_[b].get());
-      }
-      if (!own[i].ok()) continue;
-      session.pending_context_.clear();
       int64_t budget = chunk_tokens_;
+      const size_t first = run.size();
       AddChunk(*steps[i], &budget, Short(*steps[i]) ? nullptr : &prefill_reads, &run, &sequence_of);
       step_of.resize(run.size(), i);
+      for (size_t k = first; k < run.size(); ++k) {
+        const size_t b = sequence_of[k];
+        const int64_t rows = ContextRowsToProject(session, b, run[k].tokens);
+        if (rows == 0) continue;
+        const int64_t from = session.contexts_[b]->length();
+        context_parts.push_back({session.context_rows_[b].data() + from * layer->spec().d_context,
+                                 rows, session.contexts_[b].get()});
+        context_left.push_back(session.context_lengths_[b] - from - rows);
+      }
     }
-    status = layer->Decode(steps.front()->session->kind(), run);
+    // Topped up to kContextRows with the rows after them, all in one matmul.
+    int64_t context_rows = 0;
+    for (const core::ContextRows& part : context_parts) context_rows += part.tokens;
+    for (size_t p = 0; p < context_parts.size() && context_rows < kContextRows; ++p) {
+      const int64_t more = std::min(kContextRows - context_rows, context_left[p]);
+      context_parts[p].tokens += more;
+      context_rows += more;
+    }
+    status = layer->ProjectContext(context_parts);
+    if (status.ok()) status = layer->Decode(steps.front()->session->kind(), run);
   } catch (const std::exception& e) {
     status = absl::InternalError(absl::StrCat("decode step failed: ", e.what()));
   }
@@ -292,7 +318,7 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   for (const core::DecodeSequence& seq : run) tokens += seq.tokens;
   if (metrics_ != nullptr && status.ok()) metrics_->DecodeRun(tokens);
   // Each step's sequences move on by what this run computed; a step done frees the blocks it
-  // reserved and did not use.
+  // reserved and did not use, and a context projected to its end its rows.
   std::vector<bool> finished(steps.size());
   size_t k = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -303,8 +329,8 @@ void DecodeQueue::RunNext(Clock::time_point now) {
       step.done_tokens[sequence_of[k]] += run[k].tokens;
       step.session->positions_[sequence_of[k]] += run[k].tokens;
     }
-    if (!status.ok()) own[i] = status;
-    finished[i] = !own[i].ok() || Finished(step);
+    step.session->DropProjectedContext();
+    finished[i] = !status.ok() || Finished(step);
     if (finished[i]) {
       for (auto& cache : step.session->caches_) cache->Shrink();
     }
@@ -315,7 +341,7 @@ void DecodeQueue::RunNext(Clock::time_point now) {
     for (size_t i = 0; i < steps.size(); ++i) {
       steps[i]->running = false;
       if (!finished[i]) continue;
-      answers.emplace_back(std::move(steps[i]->done), own[i]);
+      answers.emplace_back(std::move(steps[i]->done), status);
       steps[i]->answered = true;
     }
     pending_.remove_if([](const Pending& step) { return step.answered; });

@@ -27,7 +27,9 @@ class ModelMetrics;
 // stepping, no more than such a chunk costs at position 0 (in cached keys read and projections);
 // while short steps share the run, or ran within the last 100 ms (sessions generating, between
 // two of their steps), no more than they cost together, or a floor's worth (so a run then takes
-// about twice theirs alone when they are many, however long the prompt).
+// about twice theirs alone when they are many, however long the prompt). A causal cross
+// session's context is projected the same way: a run projects the context rows its queries see,
+// topped up to a few dozen rows, all of the run's in one matmul.
 class DecodeQueue final : public RunQueue {
  public:
   // `executor` and `metrics` outlive the queue; it registers with the executor.
@@ -78,6 +80,9 @@ class DecodeQueue final : public RunQueue {
   // `session` from its position.
   static int64_t Reads(const Pending& step);
   static int64_t Reads(const Session& session, size_t b, int64_t n);
+  // Causal cross: the context rows `n` queries of sequence `b` of `session` see from its
+  // position that are not projected yet.
+  static int64_t ContextRowsToProject(const Session& session, size_t b, int64_t n);
 
   const std::string model_name_;
   const int64_t chunk_tokens_;

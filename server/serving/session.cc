@@ -113,6 +113,19 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
                                                                   &budget_, &queue->kv_bytes()));
   }
   if (context != nullptr) {
+    // Its rows wait, copied, until the runs whose queries see them project them: a long
+    // context is not projected whole ahead of other sessions' steps, nor past what the session
+    // reaches. (The message holds them already, so their size is no overflow.)
+    const int64_t rows_bytes =
+        context->total_length() * context->width * static_cast<int64_t>(sizeof(float));
+    if (!budget_.TryCharge(rows_bytes)) {
+      if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kKvCache);
+      return core::KvCacheFull(budget_, rows_bytes,
+                               "this session's context, kept as rows until it is projected,");
+    }
+    session->context_rows_bytes_ = rows_bytes;
+    queue->kv_bytes().fetch_add(rows_bytes);
+    if (metrics != nullptr) metrics->SetKvCacheBytes(queue->kv_bytes());
     const std::vector<int64_t> offsets = context->row_offsets();
     for (int64_t b = 0; b < batch; ++b) {
       auto kv = std::make_unique<core::KvSequence>(width, head_dim, precision, &budget_,
@@ -124,7 +137,8 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
       session->contexts_.push_back(std::move(kv));
       const float* rows = context->segmented() ? context->sequence_data[b]
                                                : context->data + offsets[b] * context->width;
-      session->pending_context_.emplace_back(rows, rows + context->lengths[b] * context->width);
+      session->context_rows_.emplace_back(rows, rows + context->lengths[b] * context->width);
+      session->context_lengths_.push_back(context->lengths[b]);
     }
   }
   return session;
@@ -144,13 +158,24 @@ Session::~Session() {
   queue_->sessions().fetch_sub(1);
   caches_.clear();
   contexts_.clear();
-  manager_->budget_.Release(bookkeeping_bytes_);
-  queue_->kv_bytes().fetch_sub(bookkeeping_bytes_);
+  manager_->budget_.Release(bookkeeping_bytes_ + context_rows_bytes_);
+  queue_->kv_bytes().fetch_sub(bookkeeping_bytes_ + context_rows_bytes_);
   manager_->open_.fetch_sub(1);
   if (metrics_ != nullptr) {
     metrics_->SessionClosed();
     metrics_->SetKvCacheBytes(queue_->kv_bytes());
   }
+}
+
+void Session::DropProjectedContext() {
+  if (context_rows_bytes_ == 0) return;
+  for (size_t b = 0; b < contexts_.size(); ++b) {
+    if (contexts_[b]->length() < context_lengths_[b]) return;
+  }
+  std::vector<std::vector<float>>().swap(context_rows_);
+  manager_->budget_.Release(context_rows_bytes_);
+  queue_->kv_bytes().fetch_sub(context_rows_bytes_);
+  context_rows_bytes_ = 0;
 }
 
 absl::Status Session::ReserveAll(const std::vector<int64_t>& lengths) {

@@ -120,6 +120,8 @@ class Session {
   absl::Status Take(const StepArgs& args);
   // Queues a taken step for the model's compute; mu_ not held. Its answer passes the turn on.
   void Run(StepArgs args, std::function<void(absl::Status)> done);
+  // Frees the context's rows (and their charge) once every sequence's are projected; mu_ held.
+  void DropProjectedContext();
   // A step is answered: the next waiting one that is taken begins (the refused are answered
   // so), else the session is idle again. Before the step's own answer, which may end the
   // session.
@@ -144,8 +146,12 @@ class Session {
   int64_t bookkeeping_bytes_ = 0;
   std::vector<std::unique_ptr<core::KvSequence>> caches_;    // kCausal: keys, values so far
   std::vector<std::unique_ptr<core::KvSequence>> contexts_;  // kCausalCross: the context's
-  // kCausalCross until its first run: the context rows, projected there.
-  std::vector<std::vector<float>> pending_context_;
+  // kCausalCross: each sequence's context length, and its rows ([length, d_context]) until all
+  // are projected (contexts_[b]->length() rows so far: a run projects those its queries see),
+  // charged to the budget meanwhile as context_rows_bytes_.
+  std::vector<int64_t> context_lengths_;
+  std::vector<std::vector<float>> context_rows_;
+  int64_t context_rows_bytes_ = 0;
   // A step is queued or running; the steps handed over meanwhile, in order.
   bool busy_ = false;
   std::deque<Waiting> waiting_;
@@ -162,8 +168,9 @@ class SessionManager {
   const core::KvCacheBudget& budget() const { return budget_; }
 
   // A session of `batch` sequences on `version` (its steps run by `queue`). For
-  // kCausalCross, `context` (width d_context, one sequence per b) is copied and projected once,
-  // by the first step's run. InvalidArgument for another kind or a layer that cannot serve it;
+  // kCausalCross, `context` (width d_context, one sequence per b) is copied (its rows charged to
+  // the budget until they are projected) and projected once, by the runs whose queries reach
+  // it. InvalidArgument for another kind or a layer that cannot serve it;
   // ResourceExhausted when --max-sessions are open. A `restart` (a sequence_start on an id that
   // has a session, which ends when this one's first step is taken) may open one session past
   // the limit: restarting a sequence is not refused because every session is open.

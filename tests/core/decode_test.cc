@@ -61,10 +61,13 @@ class DecodeTest : public ::testing::TestWithParam<GoldenCase> {
     layer_ = *layer;
   }
 
-  // Opens every sequence of the case: caches, and the context's keys and values once.
+  // Opens every sequence of the case: caches, and the context's keys and values once, every
+  // sequence's in one projection, each in two parts (its first two rows, then the rest) as a
+  // session's context is projected as its positions reach it.
   std::vector<Sequence> Open(KvPrecision precision) {
     const GoldenCase& c = GetParam();
     std::vector<Sequence> sequences(c.input.batch);
+    std::vector<ContextRows> parts;
     for (int64_t b = 0; b < c.input.batch; ++b) {
       Sequence& s = sequences[b];
       const LayerSpec& spec = layer_->spec();
@@ -76,11 +79,12 @@ class DecodeTest : public ::testing::TestWithParam<GoldenCase> {
       const test::GoldenBatch& ctx = *c.context;
       const int64_t length = ctx.lengths[b];
       EXPECT_TRUE(s.context->Reserve(length).ok());
-      EXPECT_TRUE(layer_
-                      ->ProjectContext(ctx.values.data() + b * ctx.seq_len * ctx.width, length,
-                                       s.context.get())
-                      .ok());
+      const float* rows = ctx.values.data() + b * ctx.seq_len * ctx.width;
+      const int64_t first = std::min<int64_t>(length, 2);
+      parts.push_back({rows, first, s.context.get()});
+      parts.push_back({rows + first * ctx.width, length - first, s.context.get()});
     }
+    EXPECT_TRUE(layer_->ProjectContext(parts).ok());
     return sequences;
   }
 

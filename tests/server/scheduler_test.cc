@@ -8,6 +8,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -769,6 +770,60 @@ TEST(DecodeQueueTest, GroupsWhoseStepsComeBetweenRunsDoNotHoldAWaitingPrompt) {
   if (chain_steps_before_a == 10) GTEST_SKIP() << "the prompt ran whole: it came too late";
   EXPECT_LT(chain_steps_before_a, kChainSteps)
       << "the prompt waited for all " << kChainSteps << " steps of the other two groups";
+}
+
+// A causal cross session's context is projected run by run as far as its queries see it (and a
+// few dozen rows past), not whole in its first run ahead of the other sessions' steps. Its rows
+// are charged to the cache until the last of them is projected, then freed; every output still
+// equals the same row of one Forward over the whole sequence.
+TEST(DecodeQueueTest, ACausalCrossContextIsProjectedAsItsQueriesReachIt) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  constexpr int64_t kContext = 600, kTokens = 700;
+  const std::vector<float> prompt = SmoothPrompt(kTokens);
+  std::vector<float> context_rows(kContext * kWidth);
+  for (size_t i = 0; i < context_rows.size(); ++i) context_rows[i] = std::cos(0.0007f * i);
+  core::RaggedBatch context;
+  context.data = context_rows.data();
+  context.width = kWidth;
+  context.lengths = {kContext};
+  absl::StatusOr<std::unique_ptr<Session>> session =
+      manager.Open(DemoVersion(), core::AttentionKind::kCausalCross, 1, &context, &queue, nullptr);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const int64_t opened_bytes = queue.kv_bytes().load();
+  const int64_t rows_bytes = kContext * kWidth * static_cast<int64_t>(sizeof(float));
+  std::vector<float> output(kTokens * kWidth);
+  auto step = [&](int64_t from, int64_t n) {
+    std::promise<absl::Status> answer;
+    StepArgs args;
+    args.inputs = {prompt.data() + from * kWidth};
+    args.tokens = {n};
+    args.outputs = {output.data() + from * kWidth};
+    const absl::Status taken =
+        (*session)->Step(std::move(args), [&](absl::Status status) { answer.set_value(status); });
+    if (!taken.ok()) return taken;
+    return answer.get_future().get();
+  };
+  // One token sees one context row: the rest of the context is still rows, charged.
+  ASSERT_TRUE(step(0, 1).ok());
+  EXPECT_EQ(queue.kv_bytes().load(), opened_bytes);
+  // The prompt's queries reach past the context's end: every row is projected, the rows freed.
+  ASSERT_TRUE(step(1, kTokens - 1).ok());
+  EXPECT_EQ(queue.kv_bytes().load(), opened_bytes - rows_bytes);
+  core::ForwardArgs whole;
+  whole.kind = core::AttentionKind::kCausalCross;
+  whole.input.data = prompt.data();
+  whole.input.width = kWidth;
+  whole.input.lengths = {kTokens};
+  whole.context = context;
+  std::vector<float> expected(DemoLayer()->Shapes(whole).output_size());
+  ASSERT_TRUE(DemoLayer()->Forward(whole, expected).ok());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_NEAR(output[i], expected[i], 1e-4f) << "position " << i / kWidth;
+  }
+  session->reset();
+  EXPECT_EQ(queue.kv_bytes().load(), 0);
 }
 
 // A causal model whose heads are too wide for the cache's attention serves calls but no
