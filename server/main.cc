@@ -116,7 +116,9 @@ void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--max-message-mib", o.max_message_mib,
                  "Largest request or reply in MiB; larger ones get RESOURCE_EXHAUSTED")
       ->capture_default_str();
-  app.add_option("--max-queue", o.max_queue, "Calls waiting per model; more get RESOURCE_EXHAUSTED")
+  app.add_option("--max-queue", o.max_queue,
+                 "Calls waiting per model (a sequence's requests waiting for the one before them "
+                 "included); more get RESOURCE_EXHAUSTED")
       ->capture_default_str();
   app.add_option("--max-streams-per-connection", o.max_streams,
                  "Calls one connection may have in flight (HTTP/2 max concurrent streams); "

@@ -40,11 +40,12 @@ constexpr std::chrono::seconds kSteppingWindow{1};
 }  // namespace
 
 DecodeQueue::DecodeQueue(std::string model_name, int64_t chunk_tokens, ComputeExecutor* executor,
-                         ModelMetrics* metrics)
+                         ModelMetrics* metrics, Scheduler* calls)
     : model_name_(std::move(model_name)),
       chunk_tokens_(std::max<int64_t>(chunk_tokens, 1)),
       executor_(executor),
-      metrics_(metrics) {
+      metrics_(metrics),
+      calls_(calls) {
   executor_->Add(this);
 }
 
@@ -82,6 +83,14 @@ void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(abs
   }
   if (alone && serial && executor_->TryRunInline(this)) return;
   executor_->Notify();
+}
+
+absl::Status DecodeQueue::ReserveWaitingStep() {
+  return calls_ == nullptr ? absl::OkStatus() : calls_->ReserveWaitingStep();
+}
+
+void DecodeQueue::ReleaseWaitingStep() {
+  if (calls_ != nullptr) calls_->ReleaseWaitingStep();
 }
 
 void DecodeQueue::Cancel(Session* session, const absl::Status& why) {

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "core/layer.h"
 #include "server/serving/compute_executor.h"
+#include "server/serving/scheduler.h"
 #include "server/serving/session.h"
 
 namespace attnserve::server {
@@ -32,15 +33,22 @@ class ModelMetrics;
 // topped up to a few dozen rows, all of the run's in one matmul.
 class DecodeQueue final : public RunQueue {
  public:
-  // `executor` and `metrics` outlive the queue; it registers with the executor.
+  // `executor`, `metrics` and `calls` (the model's call queue, whose --max-queue places the
+  // sessions' waiting steps hold; none in tests: no bound but each session's) outlive the queue;
+  // it registers with the executor.
   DecodeQueue(std::string model_name, int64_t chunk_tokens, ComputeExecutor* executor,
-              ModelMetrics* metrics);
+              ModelMetrics* metrics, Scheduler* calls = nullptr);
   // Drains (refuses new steps, finishes queued ones) and leaves the executor.
   ~DecodeQueue();
 
   // Queues a checked and reserved step of `session`. `done` runs once, on the compute thread,
   // or before Submit returns when the step was small and the executor idle (run inline).
   void Submit(Session* session, StepArgs args, std::function<void(absl::Status)> done);
+
+  // A place among the model's queued calls for a session's step that waits for the one before
+  // it (Scheduler::ReserveWaitingStep), given back by ReleaseWaitingStep.
+  absl::Status ReserveWaitingStep();
+  void ReleaseWaitingStep();
 
   // Takes the session's queued step back and answers it `why`; nothing if it is running.
   void Cancel(Session* session, const absl::Status& why);
@@ -88,6 +96,7 @@ class DecodeQueue final : public RunQueue {
   const int64_t chunk_tokens_;
   ComputeExecutor* const executor_;
   ModelMetrics* const metrics_;
+  Scheduler* const calls_;
   std::atomic<int64_t> kv_bytes_{0};
   std::atomic<int64_t> sessions_{0};
   mutable std::mutex mu_;

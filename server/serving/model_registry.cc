@@ -550,8 +550,9 @@ ServedModel& ModelRegistry::ModelLocked(const std::string& name) {
   model->name = name;
   model->scheduler =
       std::make_unique<Scheduler>(name, options_.scheduler, executor_.get(), reporter_);
-  model->decode = std::make_unique<DecodeQueue>(name, options_.decode_chunk_tokens, executor_.get(),
-                                                &reporter_->metrics().ForModel(name));
+  model->decode =
+      std::make_unique<DecodeQueue>(name, options_.decode_chunk_tokens, executor_.get(),
+                                    &reporter_->metrics().ForModel(name), model->scheduler.get());
   models_.push_back(std::move(model));
   return *models_.back();
 }

@@ -84,13 +84,7 @@ Scheduler::~Scheduler() {
 
 absl::Status Scheduler::Reserve(Clock::time_point deadline) {
   std::lock_guard lock(mu_);
-  if (closed_) return absl::UnavailableError("the server is shutting down");
-  const int held = static_cast<int>(queue_.size()) + reserved_;
-  if (held >= options_.max_queue) {
-    metrics_.Shed(ShedReason::kQueueFull);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("model '", model_name_, "' has ", held, " calls queued (--max-queue)"));
-  }
+  if (absl::Status s = PlaceLocked(); !s.ok()) return s;
   if (deadline != Clock::time_point::max()) {
     const Clock::time_point now = Clock::now();
     const double wait = WaitLocked(now);
@@ -147,6 +141,29 @@ void Scheduler::TrackQueueDelayLocked(Clock::time_point now, double waited_secon
     return;
   }
   min_wait_seconds_ = std::min(min_wait_seconds_, waited_seconds);
+}
+
+absl::Status Scheduler::PlaceLocked() {
+  if (closed_) return absl::UnavailableError("the server is shutting down");
+  const int held = static_cast<int>(queue_.size()) + reserved_ + waiting_steps_;
+  if (held >= options_.max_queue) {
+    metrics_.Shed(ShedReason::kQueueFull);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model '", model_name_, "' has ", held, " calls queued (--max-queue)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::ReserveWaitingStep() {
+  std::lock_guard lock(mu_);
+  if (absl::Status s = PlaceLocked(); !s.ok()) return s;
+  ++waiting_steps_;
+  return absl::OkStatus();
+}
+
+void Scheduler::ReleaseWaitingStep() {
+  std::lock_guard lock(mu_);
+  --waiting_steps_;
 }
 
 void Scheduler::Release() {

@@ -65,6 +65,13 @@ class Scheduler final : public RunQueue {
   absl::Status Reserve(Clock::time_point deadline = Clock::time_point::max());
   void Release();
 
+  // Holds a place for a session's step that waits for the step before it (Session::Step), so
+  // that --max-queue bounds the requests a model holds, sequences' included: Unavailable once
+  // closed, ResourceExhausted when full. Given back by ReleaseWaitingStep when its turn comes
+  // or it is taken back; a drain does not wait for it (the session's turns end it).
+  absl::Status ReserveWaitingStep();
+  void ReleaseWaitingStep();
+
   // Queues `job`, which holds a place from Reserve and has been decoded and validated; or,
   // now that its own size is known, refuses it (DeadlineExceeded) when it cannot finish before
   // its deadline, and the caller gives the place back. Never blocks on compute.
@@ -103,6 +110,9 @@ class Scheduler final : public RunQueue {
   void RunNext(Clock::time_point now) override;
 
  private:
+  // A queue place is free (calls queued, being decoded, and sessions' waiting steps under
+  // --max-queue) and the scheduler open; mu_ held. A refusal is counted as shed.
+  absl::Status PlaceLocked();
   struct Queued {
     Job* job;
     int64_t tokens;
@@ -149,6 +159,7 @@ class Scheduler final : public RunQueue {
   std::deque<Queued> queue_;         // guarded by mu_
   int64_t queued_tokens_ = 0;        // guarded by mu_
   int reserved_ = 0;                 // guarded by mu_: places held by calls being decoded
+  int waiting_steps_ = 0;            // guarded by mu_: places held by sessions' waiting steps
   int running_ = 0;                  // guarded by mu_
   bool closed_ = false;              // guarded by mu_
   Clock::time_point drain_deadline_ = Clock::time_point::max();  // guarded by mu_

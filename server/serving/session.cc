@@ -156,6 +156,7 @@ Session::Session(SessionManager* manager, VersionHandle version, core::Attention
 
 Session::~Session() {
   queue_->sessions().fetch_sub(1);
+  for (size_t i = 0; i < waiting_.size(); ++i) queue_->ReleaseWaitingStep();
   caches_.clear();
   contexts_.clear();
   manager_->budget_.Release(bookkeeping_bytes_ + context_rows_bytes_);
@@ -209,6 +210,7 @@ absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done
           "the session has ", kMaxWaitingSteps,
           " steps waiting for their turn: send a sequence's steps after their answers"));
     }
+    if (absl::Status s = queue_->ReserveWaitingStep(); !s.ok()) return s;
     waiting_.push_back({std::move(args), std::move(done), ticket});
     return absl::OkStatus();
   }
@@ -228,6 +230,7 @@ void Session::NextTurn() {
   while (!waiting_.empty()) {
     Waiting next = std::move(waiting_.front());
     waiting_.pop_front();
+    queue_->ReleaseWaitingStep();
     absl::Status s = Take(next.args);
     lock.unlock();
     if (s.ok()) return Run(std::move(next.args), std::move(next.done));
@@ -316,6 +319,7 @@ void Session::Withdraw(uint64_t ticket, const absl::Status& why) {
     if (ticket == 0 || it == waiting_.end()) return;
     done = std::move(it->done);
     waiting_.erase(it);
+    queue_->ReleaseWaitingStep();
   }
   done(why);
 }

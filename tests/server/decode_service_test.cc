@@ -204,6 +204,40 @@ class DecodeServiceTest : public ::testing::Test {
     }
   }
 
+  // A step of a sequence (a ModelInfer `request`) sent from a thread. Made once it has begun to
+  // run (kRunning: a long step, so that the sequence's next requests wait for their turn behind
+  // it), or once it has had time to reach the server (kWaiting: a step that waits its turn).
+  enum class Until { kRunning, kWaiting };
+  class SentStep {
+   public:
+    SentStep(DecodeServiceTest& test, inference::ModelInferRequest request, Until until) {
+      const double tokens_before = test.Counter("attnserve_decode_tokens_total");
+      thread_ = std::thread([this, &test, request = std::move(request)] {
+        inference::ModelInferResponse response;
+        status_ = test.Infer(request, &response);
+        answered_ = true;
+      });
+      if (until == Until::kRunning) {
+        test.WaitForADecodeRun(tokens_before);
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      }
+    }
+    ~SentStep() { Join(); }
+    // Whether its answer has come.
+    bool answered() const { return answered_.load(); }
+    // Its answer, once it comes.
+    grpc::Status Join() {
+      if (thread_.joinable()) thread_.join();
+      return status_;
+    }
+
+   private:
+    std::thread thread_;
+    grpc::Status status_;
+    std::atomic<bool> answered_{false};
+  };
+
   // A smooth prompt of `tokens` demo tokens.
   static std::vector<float> LongPrompt(int64_t tokens) {
     std::vector<float> prompt(tokens * kWidth);
@@ -731,9 +765,16 @@ TEST_F(DecodeServiceTest, ADrainEndsOpenSessionsUnavailable) {
 
 // --- The same sessions through the Open Inference Protocol (Triton's sequence parameters) ---
 
-// A ModelInferRequest appending tokens [from, from + n) of `sequence` to sequence `id`.
+// A ModelInferRequest appending tokens [from, from + n) of `sequence` to sequence `id`; a range
+// past the end of `sequence` fails the test (and sends what there is).
 inference::ModelInferRequest SequenceRequest(const std::vector<float>& sequence, int64_t from,
                                              int64_t n, uint64_t id, bool start, bool end) {
+  const int64_t tokens = static_cast<int64_t>(sequence.size()) / kWidth;
+  if (from < 0 || n < 0 || from + n > tokens) {
+    ADD_FAILURE() << "tokens [" << from << ", " << from + n << ") of a sequence of " << tokens;
+    from = std::clamp<int64_t>(from, 0, tokens);
+    n = std::clamp<int64_t>(n, 0, tokens - from);
+  }
   return SequenceStepRequest("demo", sequence.data() + from * kWidth, n, kWidth, id, start, end);
 }
 
@@ -793,18 +834,12 @@ TEST_F(DecodeServiceTest, StepsOfASequenceSentAtOnceRunOneAtATime) {
   for (uint64_t id = 1; id <= 3; ++id) {
     inference::ModelInferResponse response;
     ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, id, true, false), &response).ok());
-    const double tokens_before = Counter("attnserve_decode_tokens_total");
-    grpc::Status long_status;
-    inference::ModelInferResponse long_response;
-    std::thread long_step([&] {
-      long_status = Infer(SequenceRequest(prompt, 4, kLong, id, false, false), &long_response);
-    });
     // Once the long step has begun to run, the short one is sent.
-    WaitForADecodeRun(tokens_before);
+    SentStep long_step(*this, SequenceRequest(prompt, 4, kLong, id, false, false), Until::kRunning);
     inference::ModelInferResponse short_response;
     const grpc::Status short_status =
         Infer(SequenceRequest(prompt, kLong + 4, 1, id, false, false), &short_response);
-    long_step.join();
+    const grpc::Status long_status = long_step.Join();
     ASSERT_TRUE(long_status.ok()) << long_status.error_message();
     ASSERT_TRUE(short_status.ok()) << short_status.error_message();
     ASSERT_TRUE(Infer(SequenceRequest(prompt, kLong + 5, 1, id, false, true), &response).ok());
@@ -835,22 +870,14 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   ASSERT_EQ(want.size(), static_cast<size_t>(kWidth));
   inference::ModelInferResponse response;
   ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 11, true, false), &response).ok());
-  const double tokens_before = Counter("attnserve_decode_tokens_total");
-  grpc::Status long_status;
-  std::atomic<bool> long_answered{false};
-  std::thread long_step([&] {
-    inference::ModelInferResponse long_response;
-    long_status = Infer(SequenceRequest(prompt, 4, kLong, 11, false, false), &long_response);
-    long_answered = true;
-  });
-  WaitForADecodeRun(tokens_before);
+  SentStep long_step(*this, SequenceRequest(prompt, 4, kLong, 11, false, false), Until::kRunning);
   // A token the sequence must not hold, sent with a deadline that passes while it waits.
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(20));
   const grpc::Status waited =
       infer_->ModelInfer(&context, SequenceRequest(sequence_, 0, 1, 11, false, false), &response);
-  const bool long_still_computing = !long_answered.load();
-  long_step.join();
+  const bool long_still_computing = !long_step.answered();
+  const grpc::Status long_status = long_step.Join();
   ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
   EXPECT_EQ(waited.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waited.error_message();
   ASSERT_TRUE(long_status.ok()) << long_status.error_message();
@@ -859,6 +886,45 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   ASSERT_EQ(got.size(), want.size());
   // One more token among 10,000 moves this row by about 1e-5; f32 rounding, by 1e-8.
   for (size_t k = 0; k < want.size(); ++k) ASSERT_NEAR(got[k], want[k], 1e-6f) << k;
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
+}
+
+// A sequence's requests waiting for their turn hold places among the model's queued calls: past
+// --max-queue a request is refused, a sequence's or a call, and the waiting ones still run.
+TEST_F(DecodeServiceTest, StepsWaitingForTheirTurnHoldPlacesInTheModelsQueue) {
+  ServerOptions options;
+  options.max_session_tokens = 16384;
+  options.max_queue = 1;
+  Restart(options);
+  constexpr int64_t kLong = 10000;  // far longer to compute than the requests below take
+  const std::vector<float> prompt = LongPrompt(kLong + 6);
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 12, true, false), &response).ok());
+  SentStep long_step(*this, SequenceRequest(prompt, 4, kLong, 12, false, false), Until::kRunning);
+  SentStep waiting_step(*this, SequenceRequest(prompt, kLong + 4, 1, 12, false, false),
+                        Until::kWaiting);
+  const grpc::Status refused_step =
+      Infer(SequenceRequest(prompt, kLong + 5, 1, 12, false, false), &response);
+  v1::ForwardResponse forward_response;
+  grpc::ClientContext forward_context;
+  const grpc::Status refused_call =
+      stub_->Forward(&forward_context, DemoRequest(1, 1), &forward_response);
+  const bool long_still_computing = !long_step.answered();
+  const grpc::Status long_status = long_step.Join();
+  const grpc::Status waiting_status = waiting_step.Join();
+  ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
+  for (const grpc::Status& refused : {refused_step, refused_call}) {
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << refused.error_message();
+    EXPECT_NE(refused.error_message().find("--max-queue"), std::string::npos)
+        << refused.error_message();
+  }
+  EXPECT_TRUE(long_status.ok()) << long_status.error_message();
+  EXPECT_TRUE(waiting_status.ok()) << waiting_status.error_message();
+  // Its place is back once its turn came: the sequence goes on, and calls are served.
+  ASSERT_TRUE(Infer(SequenceRequest(prompt, kLong + 5, 1, 12, false, true), &response).ok());
+  grpc::ClientContext later_context;
+  EXPECT_TRUE(stub_->Forward(&later_context, DemoRequest(1, 1), &forward_response).ok());
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
@@ -940,25 +1006,13 @@ TEST_F(DecodeServiceTest, AStepWaitingOnASessionThatARestartReplacedIsNotFound) 
   const std::vector<float> prompt = LongPrompt(kLong + 5);
   inference::ModelInferResponse response;
   ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 9, true, false), &response).ok());
-  const double tokens_before = Counter("attnserve_decode_tokens_total");
-  grpc::Status long_status, waiting_status;
-  std::atomic<bool> long_answered{false};
-  std::thread long_step([&] {
-    inference::ModelInferResponse long_response;
-    long_status = Infer(SequenceRequest(prompt, 4, kLong, 9, false, false), &long_response);
-    long_answered = true;
-  });
-  WaitForADecodeRun(tokens_before);
-  std::thread waiting_step([&] {
-    inference::ModelInferResponse waiting_response;
-    waiting_status =
-        Infer(SequenceRequest(prompt, kLong + 4, 1, 9, false, false), &waiting_response);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it reaches the server
+  SentStep long_step(*this, SequenceRequest(prompt, 4, kLong, 9, false, false), Until::kRunning);
+  SentStep waiting_step(*this, SequenceRequest(prompt, kLong + 4, 1, 9, false, false),
+                        Until::kWaiting);
   ASSERT_TRUE(Infer(SequenceRequest(sequence_, 0, 4, 9, true, false), &response).ok());
-  const bool long_still_computing = !long_answered.load();
-  long_step.join();
-  waiting_step.join();
+  const bool long_still_computing = !long_step.answered();
+  const grpc::Status long_status = long_step.Join();
+  const grpc::Status waiting_status = waiting_step.Join();
   ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
   EXPECT_TRUE(long_status.ok()) << long_status.error_message();
   EXPECT_EQ(waiting_status.error_code(), grpc::StatusCode::NOT_FOUND)
