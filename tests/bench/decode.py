@@ -27,7 +27,8 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
   client (grpc_floor.cc, an echo server), and attnserve's own CPU above gRPC's per step and per
   call;
 - step latency p99 of 32 sessions with and without 4096-token prompts arriving (chunked
-  prefill; target <= 2x);
+  prefill; target <= 2x), and the same with causal cross sessions of 16,384-token contexts
+  arriving (a context is projected as the queries reach it, so held to the same);
 - peer: the same session workload (768-wide, 64 streams of one sequence and one stream of
   B = 64, prompt 512, 128 steps of 1 token) against attnserve and against pytorch_kv_server.py,
   a grpcio + PyTorch server that batches every waiting stream's step into one matmul and keeps a
@@ -103,6 +104,9 @@ def beside_copies(run):
 
 # The 768-wide 12-head layer's width: its heads' keys and values are as wide.
 WIDE = 768
+# The context of the causal cross sessions that arrive beside generating sessions (50 MB, in the
+# first message).
+CONTEXT = 16384
 
 
 def cache_bytes(inner, element_bytes, prompt, steps):
@@ -382,17 +386,17 @@ def grpc_floor(build, workdir, messages, reps):
         proc.wait()
 
 
-def prefill_p99(bench, model, steps):
-    """Step p99 of 32 sessions alone, then with 4096-token prompts arriving all the while."""
+def arrivals_p99(bench, model, steps, arrival, what):
+    """Step p99 of 32 sessions alone, then with sessions of `arrival` (bench arguments) arriving
+    one after another all the while."""
     alone = bench.decode(model, 32, 1, 128, steps)["decode"]["inter_token_latency_ms"]["p99"]
     stop = threading.Event()
-    prompts = [0]
+    arrived = [0]
 
     def arrive():
         while not stop.is_set():
-            bench.run("--decode", "--model", model, "--sessions", 1, "--prompt", 4096,
-                      "--steps", 1)
-            prompts[0] += 1
+            bench.run("--decode", "--model", model, "--sessions", 1, *arrival)
+            arrived[0] += 1
     feeder = threading.Thread(target=arrive)
     feeder.start()
     time.sleep(0.5)
@@ -401,8 +405,8 @@ def prefill_p99(bench, model, steps):
     finally:
         stop.set()
         feeder.join()
-    print(f"  chunked prefill: step p99 {alone:.2f} ms alone, {busy:.2f} ms with 4096-token "
-          f"prompts arriving ({prompts[0]} prompts) -> {busy / alone:.2f}x", flush=True)
+    print(f"  step p99 {alone:.2f} ms alone, {busy:.2f} ms with {what} arriving "
+          f"({arrived[0]} of them) -> {busy / alone:.2f}x", flush=True)
     return alone, busy
 
 
@@ -445,7 +449,8 @@ def peer_rows(server_bin, client_bin, build, workdir, layer, n, prompt, steps):
 
 
 def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, lengths):
-    """The sections before the peer's: the ceiling, recompute, serving cost, chunked prefill."""
+    """The sections before the peer's: the ceiling, recompute, serving cost, chunked prefill and
+    contexts."""
     models = [("demo", 256), ("wide", WIDE)]
     print("gRPC's own floor:", flush=True)
     floor_messages, floor_reps = (1032, 1) if args.quick else (8256, 3)
@@ -478,7 +483,13 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
                     "gRPC's generic client", ("streamed 1-token step", "unary 1x1 Forward"),
                     "demo")
                 print("chunked prefill (768-wide, 32 sessions):", flush=True)
-                table["prefill"] = prefill_p99(bench, "wide", 2 * steps)
+                table["prefill"] = arrivals_p99(bench, "wide", 2 * steps,
+                                                ["--prompt", 4096, "--steps", 1],
+                                                "4096-token prompts")
+                table["context"] = arrivals_p99(
+                    bench, "wide", 4 * steps,
+                    ["--kind", "causal_cross", "--context-random", f"1,{CONTEXT}", "--prompt", 1,
+                     "--steps", 1], f"causal cross sessions of {CONTEXT}-token contexts")
         finally:
             server.stop()
 
@@ -520,6 +531,9 @@ def print_other_rows(table):
     alone, busy = table["prefill"]
     print(f"| step p99 of 32 sessions with / without 4096-token prompts | "
           f"{busy:.2f} / {alone:.2f} ms = {busy / alone:.2f}x | <= 2x |")
+    alone, busy = table["context"]
+    print(f"| step p99 of 32 sessions with / without causal cross sessions of {CONTEXT}-token "
+          f"contexts | {busy:.2f} / {alone:.2f} ms = {busy / alone:.2f}x | (as prompts: <= 2x) |")
 
 
 def main():
