@@ -17,10 +17,10 @@ namespace {
 // Groups (kinds times versions) whose latest run RunNext keeps before it forgets those with no
 // step waiting.
 constexpr size_t kGroupsKept = 64;
-// A run projects at least this many rows of the causal cross contexts it has queries of,
-// when so many are left: the queries' own (those they see and are not projected yet), then the
-// rows after those. One token a step would otherwise project its context a row a step, each time
-// reading the layer's whole K and V weights for it.
+// A run that projects rows of causal cross contexts (those its queries see and are not projected
+// yet) projects at least this many in all, when so many are left: the rows after those. One
+// token a step would otherwise project its context a row a step, each time reading the layer's
+// whole K and V weights for it.
 constexpr int64_t kContextRows = 64;
 // A step with at most this many new tokens a sequence is a generation step, not a prefill.
 constexpr int64_t kShortStepTokens = 16;
@@ -310,11 +310,16 @@ void DecodeQueue::RunNext(Clock::time_point now) {
         context_left.push_back(session.context_lengths_[b] - from - rows);
       }
     }
-    // Topped up to kContextRows with the rows after them, all in one matmul.
+    // Topped up with the rows after them, all in one matmul: to kContextRows, or to what the
+    // prompts' share of the run left allows (up to chunk_tokens rows), so that a context is soon
+    // projected whole and its rows freed. (A failure fails the whole run, as Decode's would: it
+    // is the engine's, not a step's.)
+    const int64_t top_up = std::clamp(prefill_reads / layer->spec().d_context, kContextRows,
+                                      std::max(kContextRows, chunk_tokens_));
     int64_t context_rows = 0;
     for (const core::ContextRows& part : context_parts) context_rows += part.tokens;
-    for (size_t p = 0; p < context_parts.size() && context_rows < kContextRows; ++p) {
-      const int64_t more = std::min(kContextRows - context_rows, context_left[p]);
+    for (size_t p = 0; p < context_parts.size() && context_rows < top_up; ++p) {
+      const int64_t more = std::min(top_up - context_rows, context_left[p]);
       context_parts[p].tokens += more;
       context_rows += more;
     }

@@ -89,10 +89,10 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
       layer->precision() == core::Precision::kBF16 ? core::KvPrecision::kBF16
                                                    : core::KvPrecision::kF32);
   // Each sequence's bookkeeping beside its blocks (its caches' objects, its position, a causal
-  // cross sequence's pending context, and the frontend's per-sequence copies: lengths,
-  // positions, output pointers) is charged with them, so the budget bounds a session of many
-  // empty sequences too: 65,536 of them come in a message of a few KiB and held about 117 bytes
-  // each, malloc's overhead included.
+  // cross sequence's context length and rows' vector, and the frontend's per-sequence copies:
+  // lengths, positions, output pointers) is charged with them, so the budget bounds a session of
+  // many empty sequences too: 65,536 of them come in a message of a few KiB and held about 117
+  // bytes each, malloc's overhead included.
   const int64_t per_sequence = kSequenceBookkeepingBytes * (context != nullptr ? 2 : 1);
   const int64_t bookkeeping = batch > std::numeric_limits<int64_t>::max() / per_sequence
                                   ? std::numeric_limits<int64_t>::max()
@@ -170,13 +170,15 @@ Session::~Session() {
 
 void Session::DropProjectedContext() {
   if (context_rows_bytes_ == 0) return;
+  int64_t freed = 0;
   for (size_t b = 0; b < contexts_.size(); ++b) {
-    if (contexts_[b]->length() < context_lengths_[b]) return;
+    if (context_rows_[b].empty() || contexts_[b]->length() < context_lengths_[b]) continue;
+    freed += static_cast<int64_t>(context_rows_[b].size() * sizeof(float));
+    std::vector<float>().swap(context_rows_[b]);
   }
-  std::vector<std::vector<float>>().swap(context_rows_);
-  manager_->budget_.Release(context_rows_bytes_);
-  queue_->kv_bytes().fetch_sub(context_rows_bytes_);
-  context_rows_bytes_ = 0;
+  manager_->budget_.Release(freed);
+  queue_->kv_bytes().fetch_sub(freed);
+  context_rows_bytes_ -= freed;
 }
 
 absl::Status Session::ReserveAll(const std::vector<int64_t>& lengths) {
@@ -210,8 +212,11 @@ absl::Status Session::Step(StepArgs args, std::function<void(absl::Status)> done
           "the session has ", kMaxWaitingSteps,
           " steps waiting for their turn: send a sequence's steps after their answers"));
     }
-    if (absl::Status s = queue_->ReserveWaitingStep(); !s.ok()) return s;
     waiting_.push_back({std::move(args), std::move(done), ticket});
+    if (absl::Status s = queue_->ReserveWaitingStep(); !s.ok()) {
+      waiting_.pop_back();
+      return s;
+    }
     return absl::OkStatus();
   }
   busy_ = true;

@@ -86,8 +86,9 @@ class Session {
   // (DecodeQueue::Submit); positions() then include it.
   // While another step of the session is queued or running, the step waits its turn and Step
   // returns OK: it is checked when its turn comes, and `done` then gets its answer or refusal.
-  // Past 64 steps waiting, ResourceExhausted. `ticket` (NewStepTicket) names the step for
-  // Withdraw.
+  // Past 64 steps waiting, or when the model's --max-queue places are taken (each waiting step
+  // holds one), ResourceExhausted; Unavailable once the server drains. `ticket`
+  // (NewStepTicket) names the step for Withdraw.
   absl::Status Step(StepArgs args, std::function<void(absl::Status)> done, uint64_t ticket = 0);
 
   // Takes back the step handed over with `ticket` if it still waits for its turn (its caller
@@ -120,7 +121,7 @@ class Session {
   absl::Status Take(const StepArgs& args);
   // Queues a taken step for the model's compute; mu_ not held. Its answer passes the turn on.
   void Run(StepArgs args, std::function<void(absl::Status)> done);
-  // Frees the context's rows (and their charge) once every sequence's are projected; mu_ held.
+  // Frees each sequence's context rows (and their charge) once they are all projected; mu_ held.
   void DropProjectedContext();
   // A step is answered: the next waiting one that is taken begins (the refused are answered
   // so), else the session is idle again. Before the step's own answer, which may end the
@@ -146,9 +147,10 @@ class Session {
   int64_t bookkeeping_bytes_ = 0;
   std::vector<std::unique_ptr<core::KvSequence>> caches_;    // kCausal: keys, values so far
   std::vector<std::unique_ptr<core::KvSequence>> contexts_;  // kCausalCross: the context's
-  // kCausalCross: each sequence's context length, and its rows ([length, d_context]) until all
-  // are projected (contexts_[b]->length() rows so far: a run projects those its queries see),
-  // charged to the budget meanwhile as context_rows_bytes_.
+  // kCausalCross: each sequence's context length, and its rows ([length, d_context]) until they
+  // are all projected (contexts_[b]->length() rows so far: runs project those their queries
+  // see, and more while they are light), charged to the budget meanwhile (context_rows_bytes_,
+  // the rows still held).
   std::vector<int64_t> context_lengths_;
   std::vector<std::vector<float>> context_rows_;
   int64_t context_rows_bytes_ = 0;

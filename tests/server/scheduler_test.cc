@@ -773,54 +773,74 @@ TEST(DecodeQueueTest, GroupsWhoseStepsComeBetweenRunsDoNotHoldAWaitingPrompt) {
 }
 
 // A causal cross session's context is projected run by run as far as its queries see it (and a
-// few dozen rows past), not whole in its first run ahead of the other sessions' steps. Its rows
-// are charged to the cache until the last of them is projected, then freed; every output still
-// equals the same row of one Forward over the whole sequence.
+// few dozen rows past), not whole in its first run ahead of the other sessions' steps. Each
+// sequence's rows are charged to the cache until the last of them is projected, then freed; every
+// output still equals the same row of one Forward over the whole sequences.
 TEST(DecodeQueueTest, ACausalCrossContextIsProjectedAsItsQueriesReachIt) {
   ComputeExecutor executor(1);
   DecodeQueue queue("m", 256, &executor, nullptr);
   SessionManager manager(SessionOptions{});
-  constexpr int64_t kContext = 600, kTokens = 700;
-  const std::vector<float> prompt = SmoothPrompt(kTokens);
-  std::vector<float> context_rows(kContext * kWidth);
+  // Two sequences: 700 tokens on a 600-token context, 150 on a 100-token one.
+  const std::vector<int64_t> tokens = {700, 150}, context_tokens = {600, 100};
+  const std::vector<float> prompt = SmoothPrompt(tokens[0]);
+  std::vector<float> context_rows((context_tokens[0] + context_tokens[1]) * kWidth);
   for (size_t i = 0; i < context_rows.size(); ++i) context_rows[i] = std::cos(0.0007f * i);
   core::RaggedBatch context;
   context.data = context_rows.data();
   context.width = kWidth;
-  context.lengths = {kContext};
+  context.lengths = context_tokens;
   absl::StatusOr<std::unique_ptr<Session>> session =
-      manager.Open(DemoVersion(), core::AttentionKind::kCausalCross, 1, &context, &queue, nullptr);
+      manager.Open(DemoVersion(), core::AttentionKind::kCausalCross, 2, &context, &queue, nullptr);
   ASSERT_TRUE(session.ok()) << session.status();
   const int64_t opened_bytes = queue.kv_bytes().load();
-  const int64_t rows_bytes = kContext * kWidth * static_cast<int64_t>(sizeof(float));
-  std::vector<float> output(kTokens * kWidth);
-  auto step = [&](int64_t from, int64_t n) {
+  const auto rows_bytes = [](int64_t rows) {
+    return rows * kWidth * static_cast<int64_t>(sizeof(float));
+  };
+  std::vector<std::vector<float>> output = {std::vector<float>(tokens[0] * kWidth),
+                                            std::vector<float>(tokens[1] * kWidth)};
+  std::vector<int64_t> position = {0, 0};
+  auto step = [&](std::vector<int64_t> n) {
     std::promise<absl::Status> answer;
     StepArgs args;
-    args.inputs = {prompt.data() + from * kWidth};
-    args.tokens = {n};
-    args.outputs = {output.data() + from * kWidth};
+    for (size_t b = 0; b < 2; ++b) {
+      args.inputs.push_back(prompt.data() + position[b] * kWidth);
+      args.outputs.push_back(output[b].data() + position[b] * kWidth);
+      position[b] += n[b];
+    }
+    args.tokens = std::move(n);
     const absl::Status taken =
         (*session)->Step(std::move(args), [&](absl::Status status) { answer.set_value(status); });
     if (!taken.ok()) return taken;
     return answer.get_future().get();
   };
-  // One token sees one context row: the rest of the context is still rows, charged.
-  ASSERT_TRUE(step(0, 1).ok());
+  // A token a sequence sees a context row each: the rest of both contexts is still rows.
+  ASSERT_TRUE(step({1, 1}).ok());
   EXPECT_EQ(queue.kv_bytes().load(), opened_bytes);
-  // The prompt's queries reach past the context's end: every row is projected, the rows freed.
-  ASSERT_TRUE(step(1, kTokens - 1).ok());
-  EXPECT_EQ(queue.kv_bytes().load(), opened_bytes - rows_bytes);
+  // The second sequence's queries reach past its context's end: its rows are freed, not the
+  // first's.
+  ASSERT_TRUE(step({0, tokens[1] - 1}).ok());
+  EXPECT_EQ(queue.kv_bytes().load(), opened_bytes - rows_bytes(context_tokens[1]));
+  // Then the first's.
+  ASSERT_TRUE(step({tokens[0] - 1, 0}).ok());
+  EXPECT_EQ(queue.kv_bytes().load(),
+            opened_bytes - rows_bytes(context_tokens[0] + context_tokens[1]));
   core::ForwardArgs whole;
   whole.kind = core::AttentionKind::kCausalCross;
-  whole.input.data = prompt.data();
+  std::vector<float> inputs(prompt);
+  inputs.insert(inputs.end(), prompt.begin(), prompt.begin() + tokens[1] * kWidth);
+  whole.input.data = inputs.data();
   whole.input.width = kWidth;
-  whole.input.lengths = {kTokens};
+  whole.input.lengths = tokens;
   whole.context = context;
   std::vector<float> expected(DemoLayer()->Shapes(whole).output_size());
   ASSERT_TRUE(DemoLayer()->Forward(whole, expected).ok());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    ASSERT_NEAR(output[i], expected[i], 1e-4f) << "position " << i / kWidth;
+  for (size_t b = 0, row = 0; b < 2; ++b) {
+    for (int64_t t = 0; t < tokens[b]; ++t, ++row) {
+      for (int64_t k = 0; k < kWidth; ++k) {
+        ASSERT_NEAR(output[b][t * kWidth + k], expected[row * kWidth + k], 1e-4f)
+            << "sequence " << b << " position " << t;
+      }
+    }
   }
   session->reset();
   EXPECT_EQ(queue.kv_bytes().load(), 0);
