@@ -858,10 +858,12 @@ TEST_F(DecodeServiceTest, StepsOfASequenceSentAtOnceRunOneAtATime) {
 }
 
 // A step that waits for its turn behind another step of its sequence, and whose caller leaves
-// (its deadline passes) before that turn comes, is taken back: the sequence does not hold it.
+// (its deadline passes) before that turn comes, is taken back: the sequence does not hold it,
+// nor the model its queue place.
 TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   ServerOptions options;
   options.max_session_tokens = 16384;
+  options.max_queue = 1;  // the one place the waiting step holds, given back with it
   Restart(options);
   constexpr int64_t kLong = 10000;  // far longer to compute than the waiting step's deadline
   const std::vector<float> prompt = LongPrompt(kLong + 5);
@@ -881,6 +883,11 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
   EXPECT_EQ(waited.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waited.error_message();
   ASSERT_TRUE(long_status.ok()) << long_status.error_message();
+  // The model's queue place it held went back with it: a call is served.
+  v1::ForwardResponse forward_response;
+  grpc::ClientContext forward_context;
+  const grpc::Status call = stub_->Forward(&forward_context, DemoRequest(1, 1), &forward_response);
+  EXPECT_TRUE(call.ok()) << call.error_message();
   ASSERT_TRUE(Infer(SequenceRequest(prompt, kLong + 4, 1, 11, false, true), &response).ok());
   const std::vector<float> got = RawOutput(response);
   ASSERT_EQ(got.size(), want.size());
