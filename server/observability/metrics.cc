@@ -238,6 +238,12 @@ struct Metrics::Families {
                         .Name("attnserve_queue_depth")
                         .Help("Calls queued for compute now, by model.")
                         .Register(r)),
+        sequence_requests_waiting(
+            prometheus::BuildGauge()
+                .Name("attnserve_sequence_requests_waiting")
+                .Help("Requests of decode sessions waiting for the one before them to be "
+                      "answered, by model; each holds one of the model's --max-queue places.")
+                .Register(r)),
         inflight(prometheus::BuildGauge()
                      .Name("attnserve_inflight_requests")
                      .Help("Forward calls received and not yet answered.")
@@ -274,6 +280,7 @@ struct Metrics::Families {
   Family<Counter>& decode_tokens;
   Family<Histogram>& decode_step_tokens;
   Family<Gauge>& queue_depth;
+  Family<Gauge>& sequence_requests_waiting;
   Gauge& inflight;
   Family<Gauge>& model_info;
   Family<Gauge>& model_state;
@@ -286,6 +293,7 @@ ModelMetrics::ModelMetrics(Metrics* metrics, std::string name) : name_(std::move
   Metrics::Families& f = *metrics->families_;
   const Labels model{{"model", name_}};
   queue_depth_ = &f.queue_depth.Add(model);
+  sequence_requests_waiting_ = &f.sequence_requests_waiting.Add(model);
   queue_duration_ = &f.queue_duration.Add(model, Metrics::DurationBuckets());
   compute_duration_ = &f.compute_duration.Add(model, Metrics::DurationBuckets());
   batch_calls_ = &f.batch_calls.Add(model, BatchCallBuckets());
@@ -306,6 +314,11 @@ ModelMetrics::ModelMetrics(Metrics* metrics, std::string name) : name_(std::move
 void ModelMetrics::SetQueueDepth(int calls) {
   if (queue_depth_ == nullptr) return;
   queue_depth_->Set(calls);
+}
+
+void ModelMetrics::SetSequenceRequestsWaiting(int requests) {
+  if (sequence_requests_waiting_ == nullptr) return;
+  sequence_requests_waiting_->Set(requests);
 }
 
 void ModelMetrics::QueueWait(double seconds) {

@@ -65,6 +65,8 @@ class ModelMetrics {
 
   // The model's queue now holds `calls` calls (attnserve_queue_depth).
   void SetQueueDepth(int calls);
+  // `requests` of its sessions wait for the one before them (attnserve_sequence_requests_waiting).
+  void SetSequenceRequestsWaiting(int requests);
 
   // A call waited `seconds` from arrival to the start of its compute run.
   void QueueWait(double seconds);
@@ -101,6 +103,7 @@ class ModelMetrics {
   const std::string name_;  // the label value: a served model's name, or ""
   // Null when metrics are off, and for the "" handle: the methods above then do nothing.
   prometheus::Gauge* queue_depth_ = nullptr;
+  prometheus::Gauge* sequence_requests_waiting_ = nullptr;
   prometheus::Histogram* queue_duration_ = nullptr;
   prometheus::Histogram* compute_duration_ = nullptr;
   prometheus::Histogram* batch_calls_ = nullptr;

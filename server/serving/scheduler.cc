@@ -157,13 +157,13 @@ absl::Status Scheduler::PlaceLocked() {
 absl::Status Scheduler::ReserveWaitingStep() {
   std::lock_guard lock(mu_);
   if (absl::Status s = PlaceLocked(); !s.ok()) return s;
-  ++waiting_steps_;
+  metrics_.SetSequenceRequestsWaiting(++waiting_steps_);
   return absl::OkStatus();
 }
 
 void Scheduler::ReleaseWaitingStep() {
   std::lock_guard lock(mu_);
-  --waiting_steps_;
+  metrics_.SetSequenceRequestsWaiting(--waiting_steps_);
 }
 
 void Scheduler::Release() {

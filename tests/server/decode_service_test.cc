@@ -206,12 +206,13 @@ class DecodeServiceTest : public ::testing::Test {
 
   // A step of a sequence (a ModelInfer `request`) sent from a thread. Made once it has begun to
   // run (kRunning: a long step, so that the sequence's next requests wait for their turn behind
-  // it), or once it has had time to reach the server (kWaiting: a step that waits its turn).
+  // it), or once it waits for its turn (kWaiting: attnserve_sequence_requests_waiting counts it).
   enum class Until { kRunning, kWaiting };
   class SentStep {
    public:
     SentStep(DecodeServiceTest& test, inference::ModelInferRequest request, Until until) {
       const double tokens_before = test.Counter("attnserve_decode_tokens_total");
+      const double waiting_before = test.Gauge("attnserve_sequence_requests_waiting");
       thread_ = std::thread([this, &test, request = std::move(request)] {
         inference::ModelInferResponse response;
         status_ = test.Infer(request, &response);
@@ -219,8 +220,12 @@ class DecodeServiceTest : public ::testing::Test {
       });
       if (until == Until::kRunning) {
         test.WaitForADecodeRun(tokens_before);
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        return;
+      }
+      for (int i = 0; i < 5000 && !answered_.load() &&
+                      test.Gauge("attnserve_sequence_requests_waiting") == waiting_before;
+           ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
     ~SentStep() { Join(); }
@@ -928,6 +933,7 @@ TEST_F(DecodeServiceTest, StepsWaitingForTheirTurnHoldPlacesInTheModelsQueue) {
   }
   EXPECT_TRUE(long_status.ok()) << long_status.error_message();
   EXPECT_TRUE(waiting_status.ok()) << waiting_status.error_message();
+  EXPECT_EQ(Gauge("attnserve_sequence_requests_waiting"), 0);
   // Its place is back once its turn came: the sequence goes on, and calls are served.
   ASSERT_TRUE(Infer(SequenceRequest(prompt, kLong + 5, 1, 12, false, true), &response).ok());
   grpc::ClientContext later_context;
