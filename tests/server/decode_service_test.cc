@@ -223,10 +223,11 @@ class DecodeServiceTest : public ::testing::Test {
         return;
       }
       for (int i = 0; i < 5000 && !answered_.load() &&
-                      test.Gauge("attnserve_sequence_requests_waiting") == waiting_before;
+                      test.Gauge("attnserve_sequence_requests_waiting") <= waiting_before;
            ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
+      EXPECT_FALSE(answered_.load()) << "the step was answered without waiting for its turn";
     }
     ~SentStep() { Join(); }
     // Whether its answer has come.
@@ -883,16 +884,20 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(20));
   const grpc::Status waited =
       infer_->ModelInfer(&context, SequenceRequest(sequence_, 0, 1, 11, false, false), &response);
-  const bool long_still_computing = !long_step.answered();
-  const grpc::Status long_status = long_step.Join();
-  ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
-  EXPECT_EQ(waited.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waited.error_message();
-  ASSERT_TRUE(long_status.ok()) << long_status.error_message();
-  // The model's queue place it held went back with it: a call is served.
+  // The model's queue place it held goes back with it, while the long step still runs: a call
+  // is served beside that step.
+  for (int i = 0; i < 5000 && Gauge("attnserve_sequence_requests_waiting") > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   v1::ForwardResponse forward_response;
   grpc::ClientContext forward_context;
   const grpc::Status call = stub_->Forward(&forward_context, DemoRequest(1, 1), &forward_response);
+  const bool long_still_computing = !long_step.answered();
+  const grpc::Status long_status = long_step.Join();
   EXPECT_TRUE(call.ok()) << call.error_message();
+  ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
+  EXPECT_EQ(waited.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waited.error_message();
+  ASSERT_TRUE(long_status.ok()) << long_status.error_message();
   ASSERT_TRUE(Infer(SequenceRequest(prompt, kLong + 4, 1, 11, false, true), &response).ok());
   const std::vector<float> got = RawOutput(response);
   ASSERT_EQ(got.size(), want.size());

@@ -82,6 +82,7 @@ TEST(MetricsTest, ScrapeReadsBackWhatWasRecorded) {
                         absl::StatusCode::kNotFound, 0, 1e-4);
   enc.SetQueueDepth(2);
   enc.SetQueueDepth(1);
+  enc.SetSequenceRequestsWaiting(3);
   enc.QueueWait(7e-4);
   enc.ComputeRun(3, 48, 3e-3);
 
@@ -124,6 +125,8 @@ TEST(MetricsTest, ScrapeReadsBackWhatWasRecorded) {
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_inflight_requests")), 0);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_queue_depth", {{"model", "enc"}})), 1);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_queue_depth", {{"model", "dec"}})), 0);
+  EXPECT_EQ(Value(*s, SeriesKey("attnserve_sequence_requests_waiting", {{"model", "enc"}})), 3);
+  EXPECT_EQ(Value(*s, SeriesKey("attnserve_sequence_requests_waiting", {{"model", "dec"}})), 0);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_queue_duration_seconds_count", {{"model", "enc"}})), 1);
   EXPECT_EQ(Value(*s, SeriesKey("attnserve_queue_duration_seconds_bucket",
                                 {{"model", "enc"}, {"le", "0.0005"}})),
