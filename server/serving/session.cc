@@ -97,15 +97,23 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
   const int64_t bookkeeping = batch > std::numeric_limits<int64_t>::max() / per_sequence
                                   ? std::numeric_limits<int64_t>::max()
                                   : batch * per_sequence;
-  if (!budget_.TryCharge(bookkeeping)) {
-    if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kKvCache);
-    return core::KvCacheFull(budget_, bookkeeping,
-                             absl::StrCat("the bookkeeping of this session's ", batch,
-                                          batch == 1 ? " sequence" : " sequences"));
+  // What the session charges beside its caches' blocks (released when it ends); a refusal says
+  // what did not fit.
+  auto charge = [&](int64_t bytes, const std::string& what) -> absl::Status {
+    if (!budget_.TryCharge(bytes)) {
+      if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kKvCache);
+      return core::KvCacheFull(budget_, bytes, what);
+    }
+    session->charged_bytes_ += bytes;
+    queue->kv_bytes().fetch_add(bytes);
+    if (metrics != nullptr) metrics->SetKvCacheBytes(queue->kv_bytes());
+    return absl::OkStatus();
+  };
+  if (absl::Status s = charge(bookkeeping, absl::StrCat("the bookkeeping of this session's ", batch,
+                                                        batch == 1 ? " sequence" : " sequences"));
+      !s.ok()) {
+    return s;
   }
-  session->bookkeeping_bytes_ = bookkeeping;
-  queue->kv_bytes().fetch_add(bookkeeping);
-  if (metrics != nullptr) metrics->SetKvCacheBytes(queue->kv_bytes());
   const int64_t width = layer->spec().inner(), head_dim = layer->spec().head_dim;
   session->positions_.assign(batch, 0);
   for (int64_t b = 0; b < batch; ++b) {
@@ -116,16 +124,12 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
     // Its rows wait, copied, until the runs whose queries see them project them: a long
     // context is not projected whole ahead of other sessions' steps, nor past what the session
     // reaches. (The message holds them already, so their size is no overflow.)
-    const int64_t rows_bytes =
-        context->total_length() * context->width * static_cast<int64_t>(sizeof(float));
-    if (!budget_.TryCharge(rows_bytes)) {
-      if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kKvCache);
-      return core::KvCacheFull(budget_, rows_bytes,
-                               "this session's context, kept as rows until it is projected,");
+    if (absl::Status s =
+            charge(context->total_length() * context->width * static_cast<int64_t>(sizeof(float)),
+                   "this session's context, kept as rows until it is projected,");
+        !s.ok()) {
+      return s;
     }
-    session->context_rows_bytes_ = rows_bytes;
-    queue->kv_bytes().fetch_add(rows_bytes);
-    if (metrics != nullptr) metrics->SetKvCacheBytes(queue->kv_bytes());
     const std::vector<int64_t> offsets = context->row_offsets();
     for (int64_t b = 0; b < batch; ++b) {
       auto kv = std::make_unique<core::KvSequence>(width, head_dim, precision, &budget_,
@@ -159,8 +163,8 @@ Session::~Session() {
   for (size_t i = 0; i < waiting_.size(); ++i) queue_->ReleaseWaitingStep();
   caches_.clear();
   contexts_.clear();
-  manager_->budget_.Release(bookkeeping_bytes_ + context_rows_bytes_);
-  queue_->kv_bytes().fetch_sub(bookkeeping_bytes_ + context_rows_bytes_);
+  manager_->budget_.Release(charged_bytes_);
+  queue_->kv_bytes().fetch_sub(charged_bytes_);
   manager_->open_.fetch_sub(1);
   if (metrics_ != nullptr) {
     metrics_->SessionClosed();
@@ -169,16 +173,16 @@ Session::~Session() {
 }
 
 void Session::DropProjectedContext() {
-  if (context_rows_bytes_ == 0) return;
   int64_t freed = 0;
   for (size_t b = 0; b < contexts_.size(); ++b) {
     if (context_rows_[b].empty() || contexts_[b]->length() < context_lengths_[b]) continue;
     freed += static_cast<int64_t>(context_rows_[b].size() * sizeof(float));
     std::vector<float>().swap(context_rows_[b]);
   }
+  if (freed == 0) return;
   manager_->budget_.Release(freed);
   queue_->kv_bytes().fetch_sub(freed);
-  context_rows_bytes_ -= freed;
+  charged_bytes_ -= freed;
 }
 
 absl::Status Session::ReserveAll(const std::vector<int64_t>& lengths) {

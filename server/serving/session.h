@@ -143,17 +143,16 @@ class Session {
   DecodeQueue* const queue_;
   ModelMetrics* const metrics_;
   std::vector<int64_t> positions_;
-  // Charged to the budget (and the model's cache bytes) for its sequences' bookkeeping.
-  int64_t bookkeeping_bytes_ = 0;
+  // Charged to the budget (and the model's cache bytes) beside the caches' blocks: the
+  // sequences' bookkeeping, and the context rows still held.
+  int64_t charged_bytes_ = 0;
   std::vector<std::unique_ptr<core::KvSequence>> caches_;    // kCausal: keys, values so far
   std::vector<std::unique_ptr<core::KvSequence>> contexts_;  // kCausalCross: the context's
   // kCausalCross: each sequence's context length, and its rows ([length, d_context]) until they
   // are all projected (contexts_[b]->length() rows so far: runs project those their queries
-  // see, and more while they are light), charged to the budget meanwhile (context_rows_bytes_,
-  // the rows still held).
+  // see, and more while they are light), charged meanwhile (in charged_bytes_).
   std::vector<int64_t> context_lengths_;
   std::vector<std::vector<float>> context_rows_;
-  int64_t context_rows_bytes_ = 0;
   // A step is queued or running; the steps handed over meanwhile, in order.
   bool busy_ = false;
   std::deque<Waiting> waiting_;
