@@ -213,7 +213,11 @@ TEST(TransportTest, LateCallsInALongDrainAreRefusedUnavailableNeverCancelled) {
       Clock::time_point(Clock::duration(drain_end_ns.load())) - start);
   ASSERT_GT(drain_ms.count(), 700) << "the drain must outlast the 500 ms lame duck to test it";
   int after_lame_duck = 0;
-  for (const Late& call : late) {
+  for (size_t i = 0; i < late.size(); ++i) {
+    const Late& call = late[i];
+    // The first was sent as health turned NOT_SERVING, which comes just before admission stops
+    // accepting: it may have been accepted, queued behind the long calls and served.
+    if (i == 0 && call.code == grpc::StatusCode::OK) continue;
     EXPECT_EQ(call.code, grpc::StatusCode::UNAVAILABLE) << "call at " << call.at.count() << " ms";
     if (call.at > milliseconds(600)) ++after_lame_duck;
   }
