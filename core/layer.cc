@@ -607,6 +607,17 @@ absl::Status Layer::Impl::Decode(AttentionKind kind,
                      " dimensions"));
   }
   const bool causal_self = kind == AttentionKind::kCausal;
+  // A context projected short of what a query sees would give wrong rows without a word.
+  for (size_t i = 0; i < sequences.size() && !causal_self; ++i) {
+    const DecodeSequence& seq = sequences[i];
+    const int64_t projected = seq.context->length();
+    const int64_t seen = std::min(seq.position + seq.tokens, seq.context_length);
+    if (projected < seen || projected > seq.context_length) {
+      return absl::InternalError(absl::StrCat("decode step: sequence ", i, "'s context has ",
+                                              projected, " of its ", seq.context_length,
+                                              " rows projected; its queries see ", seen));
+    }
+  }
   const int64_t inner = spec.inner(), rows = MatmulRows(tokens);
   ThreadScratch& scratch = GetThreadScratch();
 
@@ -634,7 +645,7 @@ absl::Status Layer::Impl::Decode(AttentionKind kind,
         query.visible = position + 1;
       } else {
         query.kv = seq.context;
-        query.visible = std::min(position + 1, seq.context->length());
+        query.visible = std::min(position + 1, seq.context_length);
       }
       queries.push_back(query);
     }

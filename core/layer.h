@@ -44,8 +44,10 @@ struct DecodeSequence {
   // step appends the new tokens' (the caller has reserved room for position + tokens).
   KvSequence* cache = nullptr;
   // kCausalCross: the context's keys and values (Layer::ProjectContext), projected at least as
-  // far as these tokens see: min(position + tokens, the context's length) rows.
+  // far as these tokens see: min(position + tokens, context_length) rows (Decode checks it), and
+  // the context's whole length, projected or not.
   const KvSequence* context = nullptr;
+  int64_t context_length = 0;
   float* output = nullptr;  // [tokens, d_output()]
 };
 

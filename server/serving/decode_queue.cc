@@ -203,6 +203,7 @@ void DecodeQueue::AddChunk(Pending& step, int64_t* budget, int64_t* reads,
       seq.cache = session.caches_[b].get();
     } else {
       seq.context = session.contexts_[b].get();
+      seq.context_length = session.context_lengths_[b];
     }
     seq.output = step.args.outputs[b] + offset * out_width;
     run->push_back(seq);

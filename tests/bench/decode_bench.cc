@@ -118,8 +118,11 @@ absl::StatusOr<std::unique_ptr<DecodeState>> MakeDecode(const Shape& shape, int6
       const float* row = rows.data() + (p + s) % 64 * 2 * inner;
       cache->Write(p, row, row + inner);
     }
-    st->steps.push_back(
-        {st->input.data() + s * d, 1, cached, cache.get(), nullptr, st->output.data() + s * d});
+    st->steps.push_back({.input = st->input.data() + s * d,
+                         .tokens = 1,
+                         .position = cached,
+                         .cache = cache.get(),
+                         .output = st->output.data() + s * d});
     st->caches.push_back(std::move(cache));
   }
   // The attention alone: the same queries over the same caches (the step's new key included).

@@ -17,6 +17,7 @@
 #include "core/kv_attention.h"
 #include "core/kv_cache.h"
 #include "core/layer.h"
+#include "core/weights.h"
 #include "gtest/gtest.h"
 #include "tests/common/golden.h"
 
@@ -114,6 +115,7 @@ class DecodeTest : public ::testing::TestWithParam<GoldenCase> {
           seq.cache = s.cache.get();
         } else {
           seq.context = s.context.get();
+          seq.context_length = c.context->lengths[b];
         }
         seq.output = outputs[b].data();
         batch.push_back(seq);
@@ -188,6 +190,45 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeTest, ::testing::ValuesIn(DecodeCases()
                                '_');
                            return name;
                          });
+
+// A causal cross step whose queries see context rows not projected yet (or that names no
+// context length) is refused, not answered from what happens to be there.
+TEST(DecodeContextTest, QueriesPastTheProjectedContextAreRefused) {
+  absl::StatusOr<std::shared_ptr<const Layer>> layer = Layer::Create(MakeDemoWeights());
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  const LayerSpec& spec = (*layer)->spec();
+  KvCacheBudget budget(int64_t{1} << 30);
+  KvSequence context(spec.inner(), spec.head_dim, KvPrecision::kF32, &budget, nullptr);
+  constexpr int64_t kContext = 100, kProjected = 10;
+  ASSERT_TRUE(context.Reserve(kContext).ok());
+  std::vector<float> rows(kContext * spec.d_context);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = std::sin(0.01f * i);
+  const ContextRows part{rows.data(), kProjected, &context};
+  ASSERT_TRUE((*layer)->ProjectContext({&part, 1}).ok());
+  std::vector<float> input(4 * spec.d_model, 0.5f), output(4 * spec.d_output());
+  DecodeSequence seq;
+  seq.input = input.data();
+  seq.context = &context;
+  seq.context_length = kContext;
+  seq.output = output.data();
+  // Positions 6..9 see rows 0..9: all projected.
+  seq.position = 6;
+  seq.tokens = 4;
+  EXPECT_TRUE((*layer)->Decode(AttentionKind::kCausalCross, {&seq, 1}).ok());
+  // Positions 7..10 see row 10 too.
+  seq.position = 7;
+  absl::Status short_context = (*layer)->Decode(AttentionKind::kCausalCross, {&seq, 1});
+  EXPECT_EQ(short_context.code(), absl::StatusCode::kInternal) << short_context;
+  EXPECT_NE(short_context.message().find("10 of its 100 rows projected; its queries see 11"),
+            std::string::npos)
+      << short_context;
+  // A step that names no context length.
+  seq.position = 0;
+  seq.tokens = 1;
+  seq.context_length = 0;
+  EXPECT_EQ((*layer)->Decode(AttentionKind::kCausalCross, {&seq, 1}).code(),
+            absl::StatusCode::kInternal);
+}
 
 TEST(KvCacheTest, ABudgetThatCannotTakeAStepRefusesItAndChangesNothing) {
   KvCacheBudget budget(2 * 2 * kKvBlockTokens * 8 * 4);  // two blocks of width 8, f32
