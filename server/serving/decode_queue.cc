@@ -77,7 +77,8 @@ void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(abs
       queued = true;
     }
   }
-  if (!queued) {
+  if (!queued) {  // closed since the session checked: the step is answered as not run
+    GiveBack(*session);
     step.done(absl::UnavailableError("the server is shutting down"));
     return;
   }
@@ -100,13 +101,24 @@ void DecodeQueue::Cancel(Session* session, const absl::Status& why) {
     for (auto it = pending_.begin(); it != pending_.end(); ++it) {
       if (it->session != session || it->running) continue;
       done = std::move(it->done);
-      // What the step reserved goes back: the session is unchanged but for finished chunks.
       pending_.erase(it);
       break;
     }
     if (pending_.empty() && !running_) idle_cv_.notify_all();
   }
-  if (done) done(why);
+  if (!done) return;
+  // What the step reserved goes back: the session is unchanged but for finished chunks.
+  GiveBack(*session);
+  done(why);
+}
+
+void DecodeQueue::GiveBack(Session& session) {
+  {
+    // The step is not answered yet: no other step of the session can have reserved room since.
+    std::lock_guard session_lock(session.mu_);
+    for (auto& cache : session.caches_) cache->Shrink();
+  }
+  if (metrics_ != nullptr) metrics_->SetKvCacheBytes(kv_bytes_);
 }
 
 void DecodeQueue::Close() {

@@ -81,6 +81,9 @@ class DecodeQueue final : public RunQueue {
   void AddChunk(Pending& step, int64_t* budget, int64_t* reads,
                 std::vector<core::DecodeSequence>* run, std::vector<size_t>* sequence_of) const;
   static bool Finished(const Pending& step);
+  // A step of `session` answered without running whole: the cache room it reserved and did not
+  // fill goes back.
+  void GiveBack(Session& session);
   // A step of a few tokens a sequence (generation), as against a prompt's prefill.
   static bool Short(const Pending& step);
   // The cost of the rest of `step` in cached keys read (its queries times the keys each sees,

@@ -846,6 +846,58 @@ TEST(DecodeQueueTest, ACausalCrossContextIsProjectedAsItsQueriesReachIt) {
   EXPECT_EQ(queue.kv_bytes().load(), 0);
 }
 
+// A step taken back before it runs (its stream ended) gives back the cache room it reserved, and
+// leaves the session as it was.
+TEST(DecodeQueueTest, AStepTakenBackBeforeItRunsGivesBackItsCacheRoom) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  constexpr int64_t kPrompt = 600;  // too long to run inline on the caller's thread
+  const std::vector<float> prompt = SmoothPrompt(kPrompt);
+  std::vector<float> a_output(kPrompt * kWidth), b_output(kPrompt * kWidth);
+  auto open = [&] {
+    absl::StatusOr<std::unique_ptr<Session>> opened =
+        manager.Open(DemoVersion(), core::AttentionKind::kCausal, 1, nullptr, &queue, nullptr);
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    return opened.ok() ? *std::move(opened) : nullptr;
+  };
+  std::unique_ptr<Session> a = open(), b = open();
+  ASSERT_TRUE(a && b);
+  auto args = [&](std::vector<float>& output) {
+    StepArgs step;
+    step.inputs = {prompt.data()};
+    step.tokens = {kPrompt};
+    step.outputs = {output.data()};
+    return step;
+  };
+  // A's answer holds the compute thread, so that B's step stays queued.
+  std::promise<void> a_answering, release;
+  std::shared_future<void> released = release.get_future().share();
+  ASSERT_TRUE(a->Step(args(a_output), [&](absl::Status status) {
+                 EXPECT_TRUE(status.ok()) << status;
+                 a_answering.set_value();
+                 released.wait();
+               }).ok());
+  a_answering.get_future().wait();
+  const int64_t before = queue.kv_bytes().load();
+  std::promise<absl::Status> b_answer;
+  ASSERT_TRUE(
+      b->Step(args(b_output), [&](absl::Status status) { b_answer.set_value(status); }).ok());
+  EXPECT_GT(queue.kv_bytes().load(), before) << "the step reserved no cache room";
+  b->CancelStep(absl::CancelledError("the stream ended"));
+  std::future<absl::Status> answered = b_answer.get_future();
+  ASSERT_EQ(answered.wait_for(seconds(5)), std::future_status::ready);
+  EXPECT_EQ(answered.get().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(queue.kv_bytes().load(), before) << "the step taken back kept its cache room";
+  EXPECT_EQ(b->positions(), std::vector<int64_t>{0});
+  release.set_value();
+  // The session goes on as if the step had never come.
+  std::promise<absl::Status> again;
+  ASSERT_TRUE(b->Step(args(b_output), [&](absl::Status status) { again.set_value(status); }).ok());
+  EXPECT_TRUE(again.get_future().get().ok());
+  EXPECT_EQ(b->positions(), std::vector<int64_t>{kPrompt});
+}
+
 // A causal model whose heads are too wide for the cache's attention serves calls but no
 // sessions: ListModels says so (its summary), and a session is refused when it opens, not at
 // every step after.
