@@ -293,6 +293,35 @@ TEST(SchedulerTest, ACallWhoseCallerLeftIsAnsweredAtOnceAndFreesItsPlace) {
   scheduler.Join();
 }
 
+// A sequence's request waiting for its turn holds one of the model's --max-queue places, as a
+// queued call does, until it is given back; a drain does not wait for it.
+TEST(SchedulerTest, SequenceRequestsWaitingTheirTurnShareTheQueuesPlacesWithCalls) {
+  ComputeExecutor executor(1);
+  CallReporter reporter;
+  Scheduler scheduler("m", Options(4096, seconds(10), /*max_queue=*/2), &executor, &reporter);
+  ASSERT_TRUE(scheduler.ReserveWaitingStep().ok());
+  FakeJob a({8}, 8, 1);
+  Queue(scheduler, a);
+  EXPECT_EQ(scheduler.Reserve().code(), absl::StatusCode::kResourceExhausted);
+  const absl::Status full = scheduler.ReserveWaitingStep();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("model 'm' has 2 calls queued (--max-queue)"), std::string::npos)
+      << full;
+  scheduler.ReleaseWaitingStep();
+  ASSERT_TRUE(scheduler.Reserve().ok()) << "the request given back kept its place";
+  scheduler.Release();
+  ASSERT_TRUE(scheduler.ReserveWaitingStep().ok());
+  scheduler.Close(Clock::now());
+  EXPECT_EQ(scheduler.ReserveWaitingStep().code(), absl::StatusCode::kUnavailable);
+  // The join ends with the queued call's answer, though a request still holds its place.
+  auto joined = std::async(std::launch::async, [&] { scheduler.Join(); });
+  EXPECT_EQ(joined.wait_for(seconds(5)), std::future_status::ready);
+  const std::optional<absl::Status> status = a.Wait(seconds(1));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->code(), absl::StatusCode::kUnavailable);
+  scheduler.ReleaseWaitingStep();
+}
+
 TEST(SchedulerTest, ACallWhoseDeadlinePassesLeavesTheQueueThen) {
   ComputeExecutor executor(1);
   CallReporter reporter;
@@ -896,6 +925,61 @@ TEST(DecodeQueueTest, AStepTakenBackBeforeItRunsGivesBackItsCacheRoom) {
   ASSERT_TRUE(b->Step(args(b_output), [&](absl::Status status) { again.set_value(status); }).ok());
   EXPECT_TRUE(again.get_future().get().ok());
   EXPECT_EQ(b->positions(), std::vector<int64_t>{kPrompt});
+}
+
+// A step small enough for one thread runs on its caller's thread when the executor is idle (two
+// thread hand-offs would cost more than it); a larger one, or one while the executor is busy,
+// runs on the compute thread.
+TEST(DecodeQueueTest, OnlyASmallStepOnAnIdleExecutorRunsOnItsCallersThread) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  const std::vector<float> prompt = SmoothPrompt(100);
+  std::vector<float> output(100 * kWidth);
+  auto open = [&] {
+    absl::StatusOr<std::unique_ptr<Session>> opened =
+        manager.Open(DemoVersion(), core::AttentionKind::kCausal, 1, nullptr, &queue, nullptr);
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    return opened.ok() ? *std::move(opened) : nullptr;
+  };
+  std::unique_ptr<Session> a = open(), b = open();
+  ASSERT_TRUE(a && b);
+  // The thread that answered a step of `tokens` tokens of `session`; `hold`: the answer waits
+  // for it (holding that thread).
+  auto step = [&](Session& session, int64_t tokens, std::promise<std::thread::id>& answered,
+                  std::shared_future<void> hold = {}) {
+    StepArgs args;
+    args.inputs = {prompt.data()};
+    args.tokens = {tokens};
+    args.outputs = {output.data()};
+    ASSERT_TRUE(session
+                    .Step(std::move(args),
+                          [&answered, hold](absl::Status status) {
+                            EXPECT_TRUE(status.ok()) << status;
+                            answered.set_value(std::this_thread::get_id());
+                            if (hold.valid()) hold.wait();
+                          })
+                    .ok());
+  };
+  const std::thread::id caller = std::this_thread::get_id();
+  std::promise<std::thread::id> small, large, beside_busy;
+  step(*a, 1, small);
+  EXPECT_EQ(small.get_future().get(), caller) << "a one-token step on an idle executor was queued";
+  // 100 tokens at once: about 6e7 flops, past what one thread runs.
+  step(*a, 100, large);
+  const std::thread::id compute = large.get_future().get();
+  EXPECT_NE(compute, caller) << "a 100-token step ran on its caller's thread";
+  // A one-token step of B while A's answer holds the compute thread waits for it there.
+  std::promise<void> release_busy;
+  std::promise<std::thread::id> busy;
+  step(*a, 100, busy, release_busy.get_future().share());
+  EXPECT_EQ(busy.get_future().get(), compute);
+  step(*b, 1, beside_busy);
+  std::future<std::thread::id> beside = beside_busy.get_future();
+  EXPECT_EQ(beside.wait_for(milliseconds(200)), std::future_status::timeout)
+      << "a step ran inline while the compute thread was busy";
+  release_busy.set_value();
+  EXPECT_EQ(beside.get(), compute);
 }
 
 // A causal model whose heads are too wide for the cache's attention serves calls but no
