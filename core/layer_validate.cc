@@ -40,10 +40,10 @@ absl::Status CheckFinite(const char* what, const RaggedBatch& batch) {
   }
   const int64_t rows = batch.packed() ? batch.total_length() : batch.rows();
   const int64_t width = batch.width;
-  const bool parallel = rows * width > kParallelFloats;
+  // On this thread alone: validation runs on the transports' threads (one per HTTP connection),
+  // and OpenMP would give each of them a team of threads of its own, living as long as it.
   int64_t bad_row = -1;
-#pragma omp parallel for schedule(static) reduction(max : bad_row) if (parallel)
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows && bad_row < 0; ++r) {
     if (!batch.packed() && r % batch.padded_length >= batch.lengths[r / batch.padded_length]) {
       continue;  // padding is never read, so its contents do not matter
     }
@@ -51,7 +51,7 @@ absl::Status CheckFinite(const char* what, const RaggedBatch& batch) {
     float sum = 0.0f;
     // inf * 0 and NaN * 0 are NaN: one vectorisable pass finds any non-finite value.
     for (int64_t c = 0; c < width; ++c) sum += row[c] * 0.0f;
-    if (sum != sum && bad_row < 0) bad_row = r;
+    if (sum != sum) bad_row = r;
   }
   if (bad_row < 0) return absl::OkStatus();
   int64_t column = 0;

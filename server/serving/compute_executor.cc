@@ -55,6 +55,9 @@ bool ComputeExecutor::TryRunInline(RunQueue* queue) {
     inline_ = true;
     notified_inline_ = false;
   }
+  // On this thread alone, even when a larger step queued meanwhile joins the run: OpenMP would
+  // give every transport thread that ran one a team of threads of its own, living as long as it.
+  core::SetComputeThreads(1);
   queue->RunNext(now);
   bool changed;
   {

@@ -48,7 +48,8 @@ class ComputeExecutor {
 
   // Runs `queue`'s next run on the calling thread when the executor is idle and no other queue
   // has a run ready (true), saving the hand-off to the compute thread and back; else false, and
-  // the caller Notifies. For runs small enough to compute on one thread (a generation step).
+  // the caller Notifies. For runs small enough to compute on one thread (a generation step):
+  // the run uses this thread alone.
   // What the run leaves in the queue (the rest of a step it did in part) is the compute
   // thread's, which is woken for it.
   bool TryRunInline(RunQueue* queue);

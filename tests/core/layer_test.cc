@@ -6,6 +6,8 @@
 #include "core/layer.h"
 
 #include <cmath>
+#include <filesystem>
+#include <iterator>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -126,6 +128,27 @@ TEST_F(LayerTest, CreateRefusesBadWeights) {
 TEST_F(LayerTest, ValidateAcceptsGoodCalls) {
   EXPECT_TRUE(layer_->Validate(SelfArgs()).ok());
   EXPECT_TRUE(layer_->Validate(CrossArgs()).ok());
+}
+
+// Validation runs on the transports' threads (one per HTTP connection): it starts no threads,
+// however large the input. (OpenMP would give each such thread a team of its own, living as long
+// as it: a server with many connections grew by hundreds of threads.)
+TEST_F(LayerTest, ValidateStartsNoThreads) {
+  const std::vector<float> big = Wave(400 * d_, 0.5f);  // past kParallelFloats
+  ForwardArgs args;
+  args.input = Padded(big, d_, {400}, 400);
+  auto threads = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                         std::filesystem::directory_iterator());
+  };
+  int64_t before = 0, after = 0;
+  std::thread transport([&] {  // a thread that has run no parallel region yet
+    before = threads();
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(layer_->Validate(args).ok());
+    after = threads();
+  });
+  transport.join();
+  EXPECT_EQ(after, before);
 }
 
 TEST_F(LayerTest, ValidateRefusesWidths) {
