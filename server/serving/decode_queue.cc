@@ -57,8 +57,7 @@ DecodeQueue::~DecodeQueue() {
 
 void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(absl::Status)> done) {
   const size_t sequences = args.tokens.size();
-  Pending step{session, std::move(args), std::move(done), std::vector<int64_t>(sequences, 0), false,
-               false};
+  Pending step{session, std::move(args), std::move(done), std::vector<int64_t>(sequences, 0)};
   // A step alone and small enough for one thread (Layer::Decode runs it serially) runs here
   // when the compute thread is idle: two thread hand-offs cost more than such a step. (Decided
   // before it is queued: once queued, it may be answered, and its session gone, at any time.)
@@ -99,7 +98,11 @@ void DecodeQueue::Cancel(Session* session, const absl::Status& why) {
   {
     std::lock_guard lock(mu_);
     for (auto it = pending_.begin(); it != pending_.end(); ++it) {
-      if (it->session != session || it->running) continue;
+      if (it->session != session) continue;
+      if (it->running) {  // RunNext answers it when its chunk ends
+        if (it->stop.ok()) it->stop = why;
+        return;
+      }
       done = std::move(it->done);
       pending_.erase(it);
       break;
@@ -121,10 +124,11 @@ void DecodeQueue::GiveBack(Session& session) {
   if (metrics_ != nullptr) metrics_->SetKvCacheBytes(kv_bytes_);
 }
 
-void DecodeQueue::Close() {
+void DecodeQueue::Close(Clock::time_point deadline) {
   {
     std::lock_guard lock(mu_);
     closed_ = true;
+    drain_deadline_ = std::min(drain_deadline_, deadline);
   }
   executor_->Notify();
 }
@@ -226,6 +230,21 @@ void DecodeQueue::AddChunk(Pending& step, int64_t* budget, int64_t* reads,
 
 void DecodeQueue::RunNext(Clock::time_point now) {
   std::vector<Pending*> steps;
+  std::vector<Pending> dropped;  // past the drain's grace: answered without (more) compute
+  {
+    std::lock_guard lock(mu_);
+    if (closed_ && now > drain_deadline_) {
+      dropped.assign(std::make_move_iterator(pending_.begin()),
+                     std::make_move_iterator(pending_.end()));
+      pending_.clear();
+      idle_cv_.notify_all();
+    }
+  }
+  for (Pending& step : dropped) {
+    GiveBack(*step.session);
+    step.done(absl::UnavailableError(
+        "the server shut down before this step could run to its end (--shutdown-grace)"));
+  }
   {
     std::lock_guard lock(mu_);
     if (pending_.empty()) return;
@@ -363,19 +382,22 @@ void DecodeQueue::RunNext(Clock::time_point now) {
     }
   }
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> answers;
+  std::vector<Session*> stopped;  // answered before their end: their room goes back first
   {
     std::lock_guard lock(mu_);
     for (size_t i = 0; i < steps.size(); ++i) {
       steps[i]->running = false;
-      if (!finished[i]) continue;
-      answers.emplace_back(std::move(steps[i]->done), status);
+      if (!finished[i] && steps[i]->stop.ok()) continue;
+      answers.emplace_back(std::move(steps[i]->done), finished[i] ? status : steps[i]->stop);
       steps[i]->answered = true;
+      if (!finished[i]) stopped.push_back(steps[i]->session);
     }
     pending_.remove_if([](const Pending& step) { return step.answered; });
     running_ = false;
     if (pending_.empty()) idle_cv_.notify_all();
   }
   if (metrics_ != nullptr) metrics_->SetKvCacheBytes(kv_bytes_);
+  for (Session* session : stopped) GiveBack(*session);
   for (auto& [done, answer] : answers) done(answer);
 }
 

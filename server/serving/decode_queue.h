@@ -50,11 +50,14 @@ class DecodeQueue final : public RunQueue {
   absl::Status ReserveWaitingStep();
   void ReleaseWaitingStep();
 
-  // Takes the session's queued step back and answers it `why`; nothing if it is running.
+  // Takes the session's queued step back and answers it `why`, the room it reserved given
+  // back; a step whose chunk is running is answered so when that chunk ends (the sequence holds
+  // the tokens of its chunks done).
   void Cancel(Session* session, const absl::Status& why);
 
-  // Refuses new steps from now on (Unavailable); queued steps still run. Join waits for them.
-  void Close();
+  // Refuses new steps from now on (Unavailable); queued steps still run until `deadline`,
+  // after which what is left of them is answered Unavailable. Join waits for them.
+  void Close(Clock::time_point deadline = Clock::time_point::max());
   void Join();
   bool closed() const;
 
@@ -74,6 +77,9 @@ class DecodeQueue final : public RunQueue {
     std::vector<int64_t> done_tokens;  // per sequence: tokens already computed
     bool running = false;
     bool answered = false;
+    // Not OK: the step is answered this, with the chunk running, rather than run to its end
+    // (its stream ended while the chunk ran).
+    absl::Status stop;
   };
   // One run's share of `step`: the next chunk of each of its sequences, within `budget`
   // tokens and (when not null) `reads` cached keys read, at least one token while it lasts.
@@ -106,7 +112,8 @@ class DecodeQueue final : public RunQueue {
   std::condition_variable idle_cv_;
   std::list<Pending> pending_;  // guarded by mu_ (a list: a running step stays put)
   bool closed_ = false;         // guarded by mu_
-  bool running_ = false;        // guarded by mu_
+  Clock::time_point drain_deadline_ = Clock::time_point::max();  // guarded by mu_
+  bool running_ = false;                                         // guarded by mu_
   // The short steps' cost (Reads) in the latest run that had any, and when it ran. RunNext's
   // own (runs are one at a time).
   int64_t recent_short_reads_ = 0;

@@ -708,7 +708,7 @@ void ModelRegistry::Drain(Clock::time_point deadline) {
   // Every queue closes first, so all models drain at once rather than one after another.
   for (ServedModel* model : models) {
     model->scheduler->Close(deadline);
-    model->decode->Close();
+    model->decode->Close(deadline);
   }
   for (ServedModel* model : models) {
     model->scheduler->Join();

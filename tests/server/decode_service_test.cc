@@ -769,6 +769,40 @@ TEST_F(DecodeServiceTest, ADrainEndsOpenSessionsUnavailable) {
   EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
 }
 
+// A drain whose grace ends while a prompt computes stops it at the chunk running: the step is
+// answered UNAVAILABLE and the server does not wait for the rest of the prompt.
+TEST_F(DecodeServiceTest, ADrainPastItsGraceStopsAPromptAtItsChunk) {
+  ServerOptions options;
+  options.max_session_tokens = 16384;
+  Restart(options);
+  const std::vector<float> prompt = LongPrompt(12000);
+  const double tokens_before = Counter("attnserve_decode_tokens_total");
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest first = StepOf({prompt.data()}, {0}, {12000}, kWidth);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  ASSERT_TRUE(stream->Write(first));
+  WaitForADecodeRun(tokens_before);
+  server_->Drain(std::chrono::milliseconds(0), std::chrono::milliseconds(0));
+  EXPECT_LT(Counter("attnserve_decode_tokens_total") - tokens_before, 12000)
+      << "the drain waited for the whole prompt";
+  v1::DecodeResponse response;
+  if (stream->Read(&response)) {
+    EXPECT_EQ(response.error_code(), grpc::StatusCode::UNAVAILABLE) << response.error_message();
+    EXPECT_NE(response.error_message().find("--shutdown-grace"), std::string::npos)
+        << response.error_message();
+  }
+  context.TryCancel();
+  stream->Finish();
+  double sessions = 1;
+  for (int i = 0; i < 500 && sessions != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    sessions = Gauge("attnserve_sessions");
+  }
+  EXPECT_EQ(sessions, 0);
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+}
+
 // --- The same sessions through the Open Inference Protocol (Triton's sequence parameters) ---
 
 // A ModelInferRequest appending tokens [from, from + n) of `sequence` to sequence `id`; a range
@@ -1126,8 +1160,8 @@ TEST_F(DecodeServiceTest, ALaterMessageNamingAnotherVersionIsRefused) {
   EndStreams({stream.get()});
 }
 
-// A Decode stream cancelled while its step computes ends, and the step is counted (OK: it ran)
-// as every message is; one cancelled before its step waits does not run it.
+// A Decode stream cancelled while its prompt computes ends once the chunk running ends, the rest
+// of the prompt not computed, and the step is counted as every message is.
 TEST_F(DecodeServiceTest, AStepWhoseStreamIsCancelledIsCounted) {
   ServerOptions options;
   options.max_session_tokens = 16384;
@@ -1151,6 +1185,10 @@ TEST_F(DecodeServiceTest, AStepWhoseStreamIsCancelledIsCounted) {
   }
   EXPECT_EQ(counted, 1);
   EXPECT_EQ(sessions, 0);
+  // The prompt stopped at the chunk that was running: the rest of it was not computed.
+  EXPECT_LT(Counter("attnserve_decode_tokens_total") - tokens_before, 12000)
+      << "the prompt ran to its end after its stream was cancelled";
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
 }
 
 TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheStream) {
