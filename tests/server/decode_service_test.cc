@@ -848,6 +848,39 @@ TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
   EXPECT_EQ(SessionMessages("demo", "NOT_FOUND"), 1);
 }
 
+// A later step of a sequence that names another kind or version than its sequence_start's is
+// refused, as a Decode stream's later message is, and the sequence goes on unchanged.
+TEST_F(DecodeServiceTest, ALaterSequenceStepNamingAnotherKindOrVersionIsRefused) {
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 0, 4, 61, true, false), &response).ok());
+  inference::ModelInferRequest other_kind = SequenceRequest(sequence_, 4, 1, 61, false, false);
+  (*other_kind.mutable_parameters())["kind"].set_string_param("causal_cross");
+  const grpc::Status kind = Infer(other_kind, &response);
+  EXPECT_EQ(kind.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(kind.error_message().find("kind differs"), std::string::npos) << kind.error_message();
+  inference::ModelInferRequest other_version = SequenceRequest(sequence_, 4, 1, 61, false, false);
+  other_version.set_model_version("7");
+  const grpc::Status version = Infer(other_version, &response);
+  EXPECT_EQ(version.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(version.error_message().find("version 7"), std::string::npos)
+      << version.error_message();
+  // Repeating them is fine, and the sequence is where it was.
+  inference::ModelInferRequest same = SequenceRequest(sequence_, 4, 1, 61, false, true);
+  (*same.mutable_parameters())["kind"].set_string_param("causal");
+  same.set_model_version("1");
+  const grpc::Status repeated = Infer(same, &response);
+  ASSERT_TRUE(repeated.ok()) << repeated.error_message();
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest whole = Tokens(0, 5);
+  whole.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  const std::vector<float> want = TensorValues(Exchange(*stream, whole).output());
+  const std::vector<float> got = RawOutput(response);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kWidth));
+  for (int64_t k = 0; k < kWidth; ++k) ASSERT_NEAR(got[k], want[4 * kWidth + k], 1e-4f) << k;
+  EndStreams({stream.get()});
+}
+
 // Requests of one sequence sent without waiting for each other's answers run one at a time, in
 // the order they came (as Triton's sequence batcher takes them): a step that arrives while
 // another of its sequence runs waits for it, and the sequence then holds both.

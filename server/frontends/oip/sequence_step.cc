@@ -33,7 +33,25 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const Sequence
     if (!found.ok()) return found.status();
     model = found->model->name;
   }
-  if (!request.params.start) return table_->Find(model, request.params.id);
+  if (!request.params.start) {
+    absl::StatusOr<std::shared_ptr<Session>> found = table_->Find(model, request.params.id);
+    if (!found.ok()) return found.status();
+    // A later step repeats the sequence's kind and version or names neither, as a Decode
+    // stream's later messages do.
+    const Session& session = **found;
+    if (request.kind_given && args.kind != session.kind()) {
+      return absl::InvalidArgumentError(
+          "kind differs from the sequence's (set by its sequence_start)");
+    }
+    absl::StatusOr<uint64_t> version = ParseModelVersion(request.version);
+    if (!version.ok()) return version.status();
+    if (*version != 0 && static_cast<int64_t>(*version) != session.version()->version) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("version ", *version, " differs from the sequence's (",
+                       session.version()->version, ", set by its sequence_start)"));
+    }
+    return found;
+  }
   if (!request.kind_given) {
     args.kind = args.context ? core::AttentionKind::kCausalCross : core::AttentionKind::kCausal;
   }
