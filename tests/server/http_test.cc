@@ -917,6 +917,67 @@ TEST(HttpSlowClientTest, ByteByByteHeadersAndBodiesAndIdleConnectionsAreCutOff) 
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
 }
 
+// Sends `prefix`, then a byte every `gap`, reading what comes back, until the server closes the
+// connection (or `give_up` passes); how long that took, and the status it answered (0: none).
+std::pair<std::chrono::milliseconds, int> TrickleUntilClosed(int port, const std::string& prefix,
+                                                             std::chrono::milliseconds gap,
+                                                             std::chrono::milliseconds give_up) {
+  const auto start = std::chrono::steady_clock::now();
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  send(fd, prefix.data(), prefix.size(), MSG_NOSIGNAL);
+  std::string answer;
+  while (std::chrono::steady_clock::now() - start < give_up) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(gap.count())) > 0) {
+      char buffer[4096];
+      const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+      if (n <= 0) break;  // closed
+      answer.append(buffer, n);
+      continue;
+    }
+    if (send(fd, " ", 1, MSG_NOSIGNAL) != 1) break;
+  }
+  close(fd);
+  return {std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                start),
+          answer.size() > 12 ? std::atoi(answer.c_str() + 9) : 0};
+}
+
+// A body sent a byte at a time just under the per-read timeout, after a fast start or not, is cut
+// off once --http-body-timeout has passed (each byte would restart the library's own timeout);
+// and a connection answered "Connection: close" (413: the body is too large) is closed, not kept
+// while the client goes on sending the body it declared.
+TEST(HttpSlowClientTest, ABodyTrickledUnderTheReadTimeoutIsCutOffAtTheBodyTimeout) {
+  ServerOptions options = DemoOptions();
+  options.http_header_timeout_ms = 1000;
+  options.http_body_timeout_ms = 1000;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  const std::string infer = "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\n";
+  const auto gap = std::chrono::milliseconds(400);
+  const auto give_up = std::chrono::seconds(10);
+  const auto [trickled_for, trickled] =
+      TrickleUntilClosed(port, infer + "Content-Length: 300\r\n\r\n", gap, give_up);
+  EXPECT_LT(trickled_for, std::chrono::seconds(4)) << "a body trickled from its first byte";
+  EXPECT_EQ(trickled, 400);
+  const auto [fast_then_trickled_for, fast_then_trickled] = TrickleUntilClosed(
+      port, infer + "Content-Length: 400000\r\n\r\n" + std::string(200000, ' '), gap, give_up);
+  EXPECT_LT(fast_then_trickled_for, std::chrono::seconds(4)) << "a body sent fast, then trickled";
+  EXPECT_EQ(fast_then_trickled, 400);
+  const auto [closed_after, status] =
+      TrickleUntilClosed(port, infer + "Content-Length: 1099511627776\r\n\r\n", gap, give_up);
+  EXPECT_EQ(status, 413);
+  EXPECT_LT(closed_after, std::chrono::seconds(4)) << "the 413's connection was kept open";
+  EXPECT_EQ(HttpCall("GET", "http://127.0.0.1:" + std::to_string(port) + "/v2/health/ready").status,
+            200);
+}
+
 // The REST port a child bound for its --http-listen of port 0, read from its start-up summary
 // (logged after the port file is written); 0 when none came within 20 s. (A port picked here and
 // closed before the child binds it could be taken by another process meanwhile.)

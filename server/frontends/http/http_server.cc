@@ -21,8 +21,11 @@ namespace {
 // One request on a civetweb connection, as the handlers see it.
 class CivetExchange final : public HttpExchange {
  public:
-  CivetExchange(mg_connection* connection, bool closing)
-      : connection_(connection), info_(mg_get_request_info(connection)), closing_(closing) {}
+  CivetExchange(mg_connection* connection, bool closing, SlowReadCutter* cutter)
+      : connection_(connection),
+        info_(mg_get_request_info(connection)),
+        closing_(closing),
+        cutter_(cutter) {}
 
   absl::string_view method() const override { return info_->request_method; }
   absl::string_view path() const override {
@@ -59,6 +62,7 @@ class CivetExchange final : public HttpExchange {
   mg_connection* const connection_;
   const mg_request_info* const info_;
   const bool closing_;
+  SlowReadCutter* const cutter_;
   bool replied_ = false;
 };
 
@@ -75,13 +79,25 @@ absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadli
   // civetweb's mg_read returns only once it has all it was asked for: a client that sends a
   // byte at a time would hold a large read far past the deadline. Reads start small, double
   // while they are quick and drop to a byte when one is slow, so the deadline is checked at
-  // least every few bytes of a trickle and full-size reads serve a fast client.
+  // least every few bytes of a trickle and full-size reads serve a fast client; and a read
+  // still blocked at the deadline has its connection cut (a fast start, then a trickle).
+  const uint64_t watched =
+      cutter_->Begin(info_->remote_addr, info_->remote_port, info_->server_port, deadline);
+  struct Unwatch {
+    SlowReadCutter* cutter;
+    uint64_t read;
+    ~Unwatch() { cutter->End(read); }
+  } unwatch{cutter_, watched};
   constexpr size_t kMaxRead = 64 << 10;
   char chunk[kMaxRead];
   size_t want = 64;
   while (true) {
     const Clock::time_point start = Clock::now();
     const int n = mg_read(connection_, chunk, want);
+    if (n <= 0 && Clock::now() > deadline) {  // the cutter ended the read
+      return absl::InvalidArgumentError(
+          absl::StrCat("the body took too long to arrive (", bytes.size(), " bytes so far)"));
+    }
     if (n == 0) break;
     if (n < 0) {
       return absl::InvalidArgumentError(
@@ -121,7 +137,12 @@ void CivetExchange::Reply(int status, absl::string_view content_type, absl::stri
       absl::StrCat("HTTP/1.1 ", status, " ", mg_get_response_code_text(nullptr, status),
                    "\r\nContent-Type: ", content_type, "\r\nContent-Length: ", length, "\r\n");
   for (const auto& [name, value] : headers) absl::StrAppend(&head, name, ": ", value, "\r\n");
-  if (close || closing_) head += "Connection: close\r\n";
+  if (close || closing_) {
+    head += "Connection: close\r\n";
+    // civetweb would otherwise keep the connection, and first read the rest of the body (all
+    // its declared length, as slowly as the client sends it) to find the next request.
+    mg_disable_connection_keep_alive(connection_);
+  }
   head += "\r\n";
   head.append(body.data(), body.size());
   mg_write(connection_, head.data(), head.size());
@@ -194,6 +215,7 @@ void HttpServer::Stop() {
   if (context_ == nullptr) return;
   mg_stop(context_);
   context_ = nullptr;
+  cutter_.Stop();  // after: requests still reading their bodies are cut at their deadlines
   failures_.Flush();
 }
 
@@ -226,7 +248,7 @@ absl::Status HttpServer::Authenticate(const mg_connection* connection) const {
 
 int HttpServer::Handle(mg_connection* connection) {
   HttpServer& self = *static_cast<HttpServer*>(mg_get_user_data(mg_get_context(connection)));
-  CivetExchange exchange(connection, self.closing_.load());
+  CivetExchange exchange(connection, self.closing_.load(), &self.cutter_);
   if (mg_get_request_info(connection)->num_headers >= MG_MAX_HEADERS) {
     // civetweb keeps the first 64 and drops the rest silently: refuse rather than guess.
     ReplyError(

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/frontends/http/http_router.h"
+#include "server/frontends/http/slow_read_cutter.h"
 #include "server/observability/log_summary.h"
 #include "server/transport/credentials.h"
 #include "server/transport/openssl_tls.h"
@@ -70,6 +71,7 @@ class HttpServer {
   int port_ = 0;
   std::atomic<bool> closing_{false};
   LogSummarizer failures_;
+  SlowReadCutter cutter_;
 };
 
 }  // namespace attnserve::server
