@@ -57,7 +57,13 @@ DecodeQueue::~DecodeQueue() {
 
 void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(absl::Status)> done) {
   const size_t sequences = args.tokens.size();
-  Pending step{session, std::move(args), std::move(done), std::vector<int64_t>(sequences, 0)};
+  Pending step{session,
+               std::move(args),
+               std::move(done),
+               std::vector<int64_t>(sequences, 0),
+               /*running=*/false,
+               /*answered=*/false,
+               /*stop=*/absl::OkStatus()};
   // A step alone and small enough for one thread (Layer::Decode runs it serially) runs here
   // when the compute thread is idle: two thread hand-offs cost more than such a step. (Decided
   // before it is queued: once queued, it may be answered, and its session gone, at any time.)
