@@ -52,9 +52,10 @@ int64_t KvSequence::head_bytes() const {
 }
 
 absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more, absl::string_view what) {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "the KV cache is full: ", budget.used(), " of ", budget.limit(),
-      " bytes are held by sessions (--kv-cache-mib); ", what, " needs ", more, " more"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the KV cache is full: ", budget.used(), " of ", budget.limit(),
+                   " bytes are in use (sessions' caches and bookkeeping, --kv-cache-mib); ", what,
+                   " needs ", more, " more"));
 }
 
 int64_t KvSequence::BytesToReserve(int64_t length) const {

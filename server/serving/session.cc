@@ -77,8 +77,11 @@ absl::StatusOr<std::unique_ptr<Session>> SessionManager::Open(
   do {
     if (open >= limit) {
       if (metrics != nullptr) metrics->SessionRefused(SessionRefusal::kMaxSessions);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "all ", open, " sessions --max-sessions allows are open; end one or go elsewhere"));
+      // (A restart may open one more while the session it ends finishes: another is doing so.)
+      return absl::ResourceExhaustedError(
+          absl::StrCat("all ", options_.max_sessions, " sessions --max-sessions allows are open",
+                       restart ? ", and another restart holds the one more a restart may open" : "",
+                       "; end one or go elsewhere"));
     }
   } while (!open_.compare_exchange_weak(open, open + 1));
   std::unique_ptr<Session> session(new Session(this, std::move(version), kind, queue, metrics));

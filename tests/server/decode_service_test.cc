@@ -1380,7 +1380,7 @@ TEST_F(DecodeServiceTest, ARefusedContextOpensNothingAndLeavesTheBudgetWhole) {
   // blocks.
   const std::string& message = refused.error_message();
   const size_t held_at = message.find("full: ") + 6;
-  ASSERT_NE(message.find(" of 1048576 bytes are held"), std::string::npos) << message;
+  ASSERT_NE(message.find(" of 1048576 bytes are in use"), std::string::npos) << message;
   EXPECT_LT(std::stoll(message.substr(held_at)), 1024) << message;
   EXPECT_NE(refused.error_message().find("needs 1245184 more"), std::string::npos)
       << refused.error_message();
