@@ -40,8 +40,7 @@ class Admission {
   // messages, refused and malformed ones too, are counted here). `model` is the session's model,
   // or the name the message gave when no session holds it (any name not served counts as "").
   void SessionMessageAnswered(absl::string_view model, const absl::Status& status) {
-    Metrics& metrics = reporter_->metrics();
-    metrics.SessionMessageAnswered(metrics.ForModel(model), status.code());
+    reporter_->SessionMessageAnswered(model, status);
   }
 
   // Whether a reply of `bytes` fits the message limit (--max-message-mib): the one check of it,

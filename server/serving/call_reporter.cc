@@ -68,4 +68,15 @@ void CallReporter::Answer(Job& job, absl::string_view model, bool decoded,
   job.Finish(status);
 }
 
+void CallReporter::SessionMessageAnswered(absl::string_view model, const absl::Status& status) {
+  metrics_->SessionMessageAnswered(metrics_->ForModel(model), status.code());
+  if (status.ok() || !(LogEnabled(LogLevel::kDebug) || LogEnabled(FailureLevel(status.code())))) {
+    return;
+  }
+  const std::string code = absl::StatusCodeToString(status.code());
+  failures_.Add(
+      FailureLevel(status.code()), "session " + code, "session message failed",
+      {{"model", Clipped(model)}, {"code", code}, {"error", std::string(status.message())}});
+}
+
 }  // namespace attnserve::server

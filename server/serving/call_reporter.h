@@ -30,13 +30,18 @@ class CallReporter {
   virtual void Answer(Job& job, absl::string_view model, bool decoded, const absl::Status& status,
                       const RunInfo& run);
 
+  // A decode session's message answered (any frontend): counted, and a refused or failed one
+  // logged as failed calls are, under its own code's summary ("session RESOURCE_EXHAUSTED").
+  void SessionMessageAnswered(absl::string_view model, const absl::Status& status);
+
   // Writes the failure counts not yet logged (at shutdown).
   void FlushLog() { failures_.Flush(); }
 
  private:
   std::unique_ptr<Metrics> disabled_;  // when no metrics were given
   Metrics* const metrics_;
-  // Failed calls: one line per status code per 10 s at most (each call at debug).
+  // Failed calls and session messages: one line per status code per 10 s at most (each at
+  // debug).
   LogSummarizer failures_;
 };
 

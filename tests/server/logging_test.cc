@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "server/observability/log_setup.h"
 #include "server/observability/log_summary.h"
+#include "server/serving/call_reporter.h"
 
 namespace attnserve::server {
 namespace {
@@ -75,6 +76,29 @@ TEST_F(LoggingTest, SummarizerWritesOneLinePerKeyPerInterval) {
   }
   EXPECT_EQ(refused, 99);
   EXPECT_EQ(failed, 49);
+}
+
+// A decode session's refused or failed message is logged as a failed call is: a warning for what
+// needs the operator (a limit reached), information for a caller's mistake, nothing when it ran.
+TEST_F(LoggingTest, RefusedSessionMessagesAreLoggedAsFailedCallsAre) {
+  InitLogging(LogLevel::kInfo, LogFormat::kJson);
+  ::testing::internal::CaptureStderr();
+  {
+    CallReporter reporter;
+    reporter.SessionMessageAnswered("m", absl::OkStatus());
+    reporter.SessionMessageAnswered(
+        "m", absl::ResourceExhaustedError("all 8 sessions --max-sessions allows are open"));
+    reporter.SessionMessageAnswered("m", absl::InvalidArgumentError("truncate_to 9 is past"));
+    reporter.FlushLog();
+  }
+  const std::vector<nlohmann::json> lines = JsonLines(::testing::internal::GetCapturedStderr());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["msg"], "session message failed");
+  EXPECT_EQ(lines[0]["level"], "warning");
+  EXPECT_EQ(lines[0]["code"], "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(lines[0]["model"], "m");
+  EXPECT_EQ(lines[1]["level"], "info");
+  EXPECT_EQ(lines[1]["code"], "INVALID_ARGUMENT");
 }
 
 TEST_F(LoggingTest, SummarizerWritesEachEventAtDebug) {
