@@ -846,13 +846,23 @@ TEST_F(HttpTest, MalformedHttpIsRefusedAndTheServerGoesOn) {
        infer + "Transfer-Encoding: chunked\r\n\r\n10\r\nabc\r\n0\r\n\r\n"},
       {"negative length", infer + "Content-Length: -5\r\n\r\n{}"},
       {"invalid UTF-8 in JSON", infer + "Content-Length: 16\r\n\r\n{\"id\":\"\xc3\x28\xff\"}  "},
+      {"both lengths",
+       infer + "Transfer-Encoding: chunked\r\nContent-Length: 7\r\n\r\n2\r\n{}\r\n0\r\n\r\n"},
   };
   for (const auto& [name, bytes] : cases) {
     const std::string answer = RawExchange(port, bytes, std::chrono::seconds(5),
                                            /*close_write=*/true);
     const int status = RawStatus(answer);
     EXPECT_TRUE(status == 0 || (status >= 400 && status < 500)) << name << ": " << answer;
+    // Answered as every error of the port is, the library's own refusals too.
+    if (status != 0) {
+      EXPECT_NE(answer.find("{\"error\":"), std::string::npos) << name << ": " << answer;
+    }
   }
+  // Refused for having both lengths, not for what either would make of the body.
+  const std::string both = RawExchange(port, cases.back().second);
+  EXPECT_EQ(RawStatus(both), 400);
+  EXPECT_NE(both.find("both Transfer-Encoding and Content-Length"), std::string::npos) << both;
   // A body shorter than its Content-Length, then the client stops sending.
   EXPECT_EQ(RawStatus(RawExchange(port, infer + "Content-Length: 100\r\n\r\n{}",
                                   std::chrono::seconds(5), /*close_write=*/true)),

@@ -193,6 +193,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
                                  nullptr};
   mg_callbacks callbacks{};
   callbacks.log_message = &HttpServer::LogMessage;
+  callbacks.http_error = &HttpServer::LibraryError;
   // Every request, from the first the listener accepts: a handler set after mg_start (which
   // already accepts) left a moment in which civetweb answered requests itself, 404.
   callbacks.begin_request = &HttpServer::Handle;
@@ -238,6 +239,20 @@ int HttpServer::LogMessage(const mg_connection* connection, const char* message)
   return 1;
 }
 
+int HttpServer::LibraryError(mg_connection* connection, int status, const char* message) {
+  // What civetweb refuses itself (a request line or headers it cannot parse or that are too
+  // large, a length it cannot take) is answered as every error of the port is: JSON, and the
+  // connection closed (the request's end is unknown).
+  const std::string body = ErrorJson(message != nullptr ? message : "");
+  const std::string head =
+      absl::StrCat("HTTP/1.1 ", status, " ", mg_get_response_code_text(nullptr, status),
+                   "\r\nContent-Type: application/json\r\nContent-Length: ", body.size(),
+                   "\r\nConnection: close\r\n\r\n", body);
+  mg_disable_connection_keep_alive(connection);
+  mg_write(connection, head.data(), head.size());
+  return 0;
+}
+
 absl::Status HttpServer::Authenticate(const mg_connection* connection) const {
   if (options_.auth == nullptr) return absl::OkStatus();
   const char* header = mg_get_header(connection, "Authorization");
@@ -254,6 +269,16 @@ int HttpServer::Handle(mg_connection* connection) {
     ReplyError(
         exchange,
         absl::InvalidArgumentError(absl::StrCat("more than ", MG_MAX_HEADERS - 1, " headers")),
+        /*close=*/true);
+    return 400;
+  }
+  if (exchange.Header("Transfer-Encoding").has_value() &&
+      exchange.Header("Content-Length").has_value()) {
+    // RFC 9112: such a message ought to be an error; a proxy in front that took the other
+    // length would see another request in the same bytes (request smuggling).
+    ReplyError(
+        exchange,
+        absl::InvalidArgumentError("both Transfer-Encoding and Content-Length: send one of them"),
         /*close=*/true);
     return 400;
   }

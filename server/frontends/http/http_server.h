@@ -62,6 +62,7 @@ class HttpServer {
   static int Handle(mg_connection* connection);
   static int InitTls(void* ssl_ctx, void* self);
   static int LogMessage(const mg_connection* connection, const char* message);
+  static int LibraryError(mg_connection* connection, int status, const char* message);
   absl::Status Authenticate(const mg_connection* connection) const;
 
   const HttpServerOptions options_;
