@@ -58,13 +58,37 @@ class CivetExchange final : public HttpExchange {
 
   bool replied() const { return replied_; }
 
+  // After an answer that closes the connection, what is left of the body is read and dropped
+  // for a moment (a lingering close): closed with unread bytes, the connection would be reset,
+  // and a client still sending its body (too large: 413) would get the reset, not the answer.
+  void Linger();
+
  private:
   mg_connection* const connection_;
   const mg_request_info* const info_;
   const bool closing_;
   SlowReadCutter* const cutter_;
   bool replied_ = false;
+  bool closes_ = false;  // the answer said Connection: close
 };
+
+void CivetExchange::Linger() {
+  if (!closes_) return;
+  // At most this long (cut by the cutter if a read blocks past it) and this many bytes, then
+  // the connection closes whatever is left.
+  constexpr auto kLingerTime = std::chrono::seconds(2);
+  constexpr int64_t kLingerBytes = 64 << 20;
+  const Clock::time_point until = Clock::now() + kLingerTime;
+  const uint64_t watched =
+      cutter_->Begin(info_->remote_addr, info_->remote_port, info_->server_port, until);
+  char chunk[16 << 10];
+  for (int64_t dropped = 0; dropped < kLingerBytes && Clock::now() < until;) {
+    const int n = mg_read(connection_, chunk, sizeof(chunk));
+    if (n <= 0) break;
+    dropped += n;
+  }
+  cutter_->End(watched);
+}
 
 absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadline, size_t padding,
                                      HttpBody* body) {
@@ -138,6 +162,7 @@ void CivetExchange::Reply(int status, absl::string_view content_type, absl::stri
                    "\r\nContent-Type: ", content_type, "\r\nContent-Length: ", length, "\r\n");
   for (const auto& [name, value] : headers) absl::StrAppend(&head, name, ": ", value, "\r\n");
   if (close || closing_) {
+    closes_ = true;
     head += "Connection: close\r\n";
     // civetweb would otherwise keep the connection, and first read the rest of the body (all
     // its declared length, as slowly as the client sends it) to find the next request.
@@ -244,6 +269,11 @@ int HttpServer::LibraryError(mg_connection* connection, int status, const char* 
   // large, a length it cannot take) is answered as every error of the port is: JSON, and the
   // connection closed (the request's end is unknown).
   const std::string body = ErrorJson(message != nullptr ? message : "");
+  auto* self = static_cast<HttpServer*>(mg_get_user_data(mg_get_context(connection)));
+  if (self != nullptr) {
+    self->failures_.Add(LogLevel::kInfo, "http refused by the library", "HTTP request refused",
+                        {{"status", status}, {"error", Clipped(body)}});
+  }
   const std::string head =
       absl::StrCat("HTTP/1.1 ", status, " ", mg_get_response_code_text(nullptr, status),
                    "\r\nContent-Type: application/json\r\nContent-Length: ", body.size(),
@@ -264,6 +294,10 @@ absl::Status HttpServer::Authenticate(const mg_connection* connection) const {
 int HttpServer::Handle(mg_connection* connection) {
   HttpServer& self = *static_cast<HttpServer*>(mg_get_user_data(mg_get_context(connection)));
   CivetExchange exchange(connection, self.closing_.load(), &self.cutter_);
+  struct LingerAtEnd {
+    CivetExchange& exchange;
+    ~LingerAtEnd() { exchange.Linger(); }
+  } linger{exchange};
   if (mg_get_request_info(connection)->num_headers >= MG_MAX_HEADERS) {
     // civetweb keeps the first 64 and drops the rest silently: refuse rather than guess.
     ReplyError(

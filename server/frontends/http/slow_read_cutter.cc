@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 
 #include <cstdlib>
+#include <optional>
+#include <set>
 #include <utility>
 
 namespace attnserve::server {
@@ -29,31 +31,52 @@ bool AddressAndPort(const sockaddr_storage& address, std::string* text, int* por
   return true;
 }
 
-// The descriptor of this process's TCP socket from `peer_address`:`peer_port` to local port
-// `local_port`, or -1. (An IPv4 peer of a dual-stack listener reads as ::ffff:a.b.c.d.)
-int FindSocket(const std::string& peer_address, int peer_port, int local_port) {
+// A TCP connection as its addresses name it: the peer's address (without an IPv6 scope) and
+// port, and the local port.
+struct ConnectionKey {
+  std::string peer_address;
+  int peer_port = 0;
+  int local_port = 0;
+  auto operator<=>(const ConnectionKey&) const = default;
+};
+
+// A peer's address as both sides are compared: without an IPv6 scope ("%eth0", which civetweb
+// may write) and an IPv4 peer of a dual-stack listener as a.b.c.d, not ::ffff:a.b.c.d.
+std::string Normalized(std::string address) {
+  if (const size_t scope = address.find('%'); scope != std::string::npos) address.resize(scope);
+  if (address.starts_with("::ffff:") && address.find('.') != std::string::npos) {
+    address.erase(0, 7);
+  }
+  return address;
+}
+
+// `fd`'s connection, if it is a TCP socket with a peer.
+std::optional<ConnectionKey> KeyOf(int fd) {
+  sockaddr_storage peer{}, local{};
+  socklen_t peer_size = sizeof(peer), local_size = sizeof(local);
+  ConnectionKey key;
+  std::string unused;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0 ||
+      !AddressAndPort(peer, &key.peer_address, &key.peer_port) ||
+      !AddressAndPort(local, &unused, &key.local_port)) {
+    return std::nullopt;
+  }
+  key.peer_address = Normalized(std::move(key.peer_address));
+  return key;
+}
+
+// This process's sockets whose connections are among `wanted`, by a pass over its descriptors.
+std::map<ConnectionKey, int> FindSockets(const std::set<ConnectionKey>& wanted) {
+  std::map<ConnectionKey, int> found;
   DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int found = -1;
+  if (dir == nullptr) return found;
   while (const dirent* entry = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t peer_size = sizeof(peer), local_size = sizeof(local);
-    std::string address, unused;
-    int port = 0, local_port_found = 0;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0 ||
-        getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_size) != 0 ||
-        !AddressAndPort(peer, &address, &port) ||
-        !AddressAndPort(local, &unused, &local_port_found)) {
-      continue;
-    }
-    if (port == peer_port && local_port_found == local_port &&
-        (address == peer_address || address == "::ffff:" + peer_address)) {
-      found = static_cast<int>(fd);
-      break;
-    }
+    const std::optional<ConnectionKey> key = KeyOf(static_cast<int>(fd));
+    if (key.has_value() && wanted.contains(*key)) found[*key] = static_cast<int>(fd);
   }
   closedir(dir);
   return found;
@@ -84,15 +107,30 @@ int64_t SlowReadCutter::cut() const {
 
 bool SlowReadCutter::Tick() {
   const Clock::time_point now = Clock::now();
-  // Under the lock: a read not yet Ended has not returned, so its connection, and the socket
-  // found for it, are still open.
+  std::set<ConnectionKey> wanted;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, read] : reads_) {
+      if (!read.cut && now > read.deadline) {
+        wanted.insert({Normalized(read.peer_address), read.peer_port, read.local_port});
+      }
+    }
+  }
+  if (wanted.empty()) return true;
+  // The pass over every descriptor runs without the lock (reads begin and end meanwhile); what
+  // it found is checked again under the lock, where a read not yet Ended has not returned, so
+  // its connection, and a descriptor that still names it, are still open.
+  const std::map<ConnectionKey, int> sockets = FindSockets(wanted);
   std::lock_guard lock(mu_);
   for (auto& [id, read] : reads_) {
     if (read.cut || now <= read.deadline) continue;
+    const ConnectionKey key{Normalized(read.peer_address), read.peer_port, read.local_port};
+    const auto it = sockets.find(key);
+    if (it == sockets.end()) continue;       // not found (no descriptor to spare?): the next tick
+    if (KeyOf(it->second) != key) continue;  // the descriptor was closed and reused meanwhile
+    // The read returns; the answer saying why can still be written.
+    if (shutdown(it->second, SHUT_RD) != 0) continue;
     read.cut = true;
-    const int fd = FindSocket(read.peer_address, read.peer_port, read.local_port);
-    if (fd < 0) continue;
-    shutdown(fd, SHUT_RD);  // the read returns; the answer saying why can still be written
     ++cut_;
   }
   return true;

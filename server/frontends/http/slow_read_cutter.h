@@ -24,9 +24,11 @@ class SlowReadCutter {
   SlowReadCutter(const SlowReadCutter&) = delete;
   SlowReadCutter& operator=(const SlowReadCutter&) = delete;
 
-  // A read on the connection from `peer_address` (as inet_ntop writes it) port `peer_port` to
+  // A read on the connection from `peer_address` (as civetweb writes it) port `peer_port` to
   // this process's port `local_port`, which must end by `deadline`. The caller calls End (with
-  // what Begin returned) when the read has returned, before the connection can close.
+  // what Begin returned) when the read has returned, before the connection can close. (The
+  // local address is not compared: a client would need the same port to two of the server's
+  // addresses on one port.)
   uint64_t Begin(std::string peer_address, int peer_port, int local_port,
                  Clock::time_point deadline);
   void End(uint64_t read);
