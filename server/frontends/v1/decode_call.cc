@@ -256,7 +256,8 @@ void DecodeCall::OnCancel() {
     cancelled_ = true;
     if (step_in_flight_) session = session_;
   }
-  // A queued step comes back at once (StepDone then ends the stream); a running one finishes.
+  // A queued step comes back at once (StepDone then ends the stream); a running one when the
+  // chunk it is computing ends.
   if (session != nullptr) session->CancelStep(StreamEnded());
 }
 
