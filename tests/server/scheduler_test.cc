@@ -962,6 +962,8 @@ TEST(DecodeQueueTest, OnlyASmallStepOnAnIdleExecutorRunsOnItsCallersThread) {
                     .ok());
   };
   const std::thread::id caller = std::this_thread::get_id();
+  // The compute thread's first look at the queues, when it starts, is long over.
+  std::this_thread::sleep_for(milliseconds(100));
   std::promise<std::thread::id> small, large, beside_busy;
   step(*a, 1, small);
   EXPECT_EQ(small.get_future().get(), caller) << "a one-token step on an idle executor was queued";
@@ -980,6 +982,36 @@ TEST(DecodeQueueTest, OnlyASmallStepOnAnIdleExecutorRunsOnItsCallersThread) {
       << "a step ran inline while the compute thread was busy";
   release_busy.set_value();
   EXPECT_EQ(beside.get(), compute);
+}
+
+// At --max-sessions, a restart (sequence_start on an id in use) may open one session more while
+// the session it ends finishes; a second restart meanwhile is refused, and the refusal names the
+// flag's value, not the count with the restart's.
+TEST(SessionManagerTest, OneRestartMayGoOneSessionPastTheLimit) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionOptions options;
+  options.max_sessions = 1;
+  SessionManager manager(options);
+  auto open = [&](bool restart) {
+    return manager.Open(DemoVersion(), core::AttentionKind::kCausal, 1, nullptr, &queue, nullptr,
+                        restart);
+  };
+  absl::StatusOr<std::unique_ptr<Session>> first = open(false);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const absl::Status full = open(false).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("all 1 sessions --max-sessions allows are open;"),
+            std::string::npos)
+      << full;
+  absl::StatusOr<std::unique_ptr<Session>> restarted = open(true);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  const absl::Status again = open(true).status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(again.message().find("all 1 sessions --max-sessions allows are open, and another "
+                                 "restart holds the one more"),
+            std::string::npos)
+      << again;
 }
 
 // A causal model whose heads are too wide for the cache's attention serves calls but no
