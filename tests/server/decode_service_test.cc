@@ -198,6 +198,23 @@ class DecodeServiceTest : public ::testing::Test {
 
   // Waits (finely: a step of a few runs lasts milliseconds) until a decode run has appended
   // tokens since attnserve_decode_tokens_total read `tokens_before`.
+  // A stream whose first message, a causal prompt of `tokens` tokens (on a server restarted with
+  // room for 16384 a sequence), has begun to compute; the tokens decoded before it in `before`.
+  std::unique_ptr<Stream> PromptComputing(grpc::ClientContext* context, int64_t tokens,
+                                          double* before) {
+    ServerOptions options;
+    options.max_session_tokens = 16384;
+    Restart(options);
+    const std::vector<float> prompt = LongPrompt(tokens);
+    *before = Counter("attnserve_decode_tokens_total");
+    std::unique_ptr<Stream> stream = Open(context);
+    v1::DecodeRequest first = StepOf({prompt.data()}, {0}, {tokens}, kWidth);
+    first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+    EXPECT_TRUE(stream->Write(first));
+    WaitForADecodeRun(*before);
+    return stream;
+  }
+
   void WaitForADecodeRun(double tokens_before) {
     for (int i = 0; i < 5000 && Counter("attnserve_decode_tokens_total") == tokens_before; ++i) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -772,17 +789,9 @@ TEST_F(DecodeServiceTest, ADrainEndsOpenSessionsUnavailable) {
 // A drain whose grace ends while a prompt computes stops it at the chunk running: the step is
 // answered UNAVAILABLE and the server does not wait for the rest of the prompt.
 TEST_F(DecodeServiceTest, ADrainPastItsGraceStopsAPromptAtItsChunk) {
-  ServerOptions options;
-  options.max_session_tokens = 16384;
-  Restart(options);
-  const std::vector<float> prompt = LongPrompt(12000);
-  const double tokens_before = Counter("attnserve_decode_tokens_total");
   grpc::ClientContext context;
-  std::unique_ptr<Stream> stream = Open(&context);
-  v1::DecodeRequest first = StepOf({prompt.data()}, {0}, {12000}, kWidth);
-  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
-  ASSERT_TRUE(stream->Write(first));
-  WaitForADecodeRun(tokens_before);
+  double tokens_before = 0;
+  std::unique_ptr<Stream> stream = PromptComputing(&context, 12000, &tokens_before);
   server_->Drain(std::chrono::milliseconds(0), std::chrono::milliseconds(0));
   EXPECT_LT(Counter("attnserve_decode_tokens_total") - tokens_before, 12000)
       << "the drain waited for the whole prompt";
@@ -1196,17 +1205,9 @@ TEST_F(DecodeServiceTest, ALaterMessageNamingAnotherVersionIsRefused) {
 // A Decode stream cancelled while its prompt computes ends once the chunk running ends, the rest
 // of the prompt not computed, and the step is counted as every message is.
 TEST_F(DecodeServiceTest, AStepWhoseStreamIsCancelledIsCounted) {
-  ServerOptions options;
-  options.max_session_tokens = 16384;
-  Restart(options);
-  const std::vector<float> prompt = LongPrompt(12000);
-  const double tokens_before = Counter("attnserve_decode_tokens_total");
   grpc::ClientContext context;
-  std::unique_ptr<Stream> stream = Open(&context);
-  v1::DecodeRequest first = StepOf({prompt.data()}, {0}, {12000}, kWidth);
-  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
-  ASSERT_TRUE(stream->Write(first));
-  WaitForADecodeRun(tokens_before);
+  double tokens_before = 0;
+  std::unique_ptr<Stream> stream = PromptComputing(&context, 12000, &tokens_before);
   context.TryCancel();
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
   // The server counts the message when the step's run ends, then ends the session.

@@ -71,8 +71,7 @@ HttpReply HttpCall(const std::string& method, const std::string& url, const std:
   return reply;
 }
 
-std::string RawExchange(int port, const std::string& bytes, std::chrono::milliseconds timeout,
-                        bool close_write) {
+int ConnectLoopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
@@ -80,8 +79,15 @@ std::string RawExchange(int port, const std::string& bytes, std::chrono::millise
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     close(fd);
-    return "";
+    return -1;
   }
+  return fd;
+}
+
+std::string RawExchange(int port, const std::string& bytes, std::chrono::milliseconds timeout,
+                        bool close_write) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
   size_t sent = 0;
   while (sent < bytes.size()) {
     const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);

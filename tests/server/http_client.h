@@ -29,6 +29,9 @@ struct HttpTls {
 HttpReply HttpCall(const std::string& method, const std::string& url, const std::string& body = "",
                    const std::vector<std::string>& headers = {}, const HttpTls& tls = {});
 
+// A TCP connection to 127.0.0.1:`port`, or -1.
+int ConnectLoopback(int port);
+
 // Sends `bytes` to 127.0.0.1:`port` over a fresh connection, then reads until the server
 // closes it or `timeout` passes; everything it answered. `close_write` half-closes after
 // sending (a client that sent all it ever will).

@@ -723,12 +723,8 @@ TEST_F(HttpLimitsTest, AClientSendingATooLargeBodyWholeGetsIts413) {
   const std::string request = absl::StrCat(
       "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(), "\r\n\r\n",
       body);
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(server_->http_port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const int fd = ConnectLoopback(server_->http_port());
+  ASSERT_GE(fd, 0);
   const timeval patience{10, 0};  // an answer that never comes fails the test, not hangs it
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof(patience));
@@ -915,12 +911,8 @@ std::chrono::milliseconds TrickleUntilAnswered(int port, const std::string& pref
                                                std::chrono::milliseconds gap,
                                                std::chrono::milliseconds give_up) {
   const auto start = std::chrono::steady_clock::now();
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const int fd = ConnectLoopback(port);
+  EXPECT_GE(fd, 0);
   send(fd, prefix.data(), prefix.size(), MSG_NOSIGNAL);
   for (char c : trickle) {
     pollfd p{fd, POLLIN, 0};
@@ -965,12 +957,8 @@ std::pair<std::chrono::milliseconds, int> TrickleUntilClosed(int port, const std
                                                              std::chrono::milliseconds gap,
                                                              std::chrono::milliseconds give_up) {
   const auto start = std::chrono::steady_clock::now();
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const int fd = ConnectLoopback(port);
+  EXPECT_GE(fd, 0);
   send(fd, prefix.data(), prefix.size(), MSG_NOSIGNAL);
   std::string answer;
   while (std::chrono::steady_clock::now() - start < give_up) {

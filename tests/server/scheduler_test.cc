@@ -68,6 +68,14 @@ core::RaggedBatch EightTokenContext(const std::vector<float>& rows) {
   return context;
 }
 
+// A causal session of one sequence on the demo version (null, and a test failure, if refused).
+std::unique_ptr<Session> OpenCausal(SessionManager& manager, DecodeQueue& queue) {
+  absl::StatusOr<std::unique_ptr<Session>> opened =
+      manager.Open(DemoVersion(), core::AttentionKind::kCausal, 1, nullptr, &queue, nullptr);
+  EXPECT_TRUE(opened.ok()) << opened.status();
+  return opened.ok() ? *std::move(opened) : nullptr;
+}
+
 // Version 2 of "m", the demo weights in a layer of its own: another group of decode runs than
 // DemoVersion's.
 VersionHandle OtherDemoVersion() {
@@ -884,13 +892,7 @@ TEST(DecodeQueueTest, AStepTakenBackBeforeItRunsGivesBackItsCacheRoom) {
   constexpr int64_t kPrompt = 600;  // too long to run inline on the caller's thread
   const std::vector<float> prompt = SmoothPrompt(kPrompt);
   std::vector<float> a_output(kPrompt * kWidth), b_output(kPrompt * kWidth);
-  auto open = [&] {
-    absl::StatusOr<std::unique_ptr<Session>> opened =
-        manager.Open(DemoVersion(), core::AttentionKind::kCausal, 1, nullptr, &queue, nullptr);
-    EXPECT_TRUE(opened.ok()) << opened.status();
-    return opened.ok() ? *std::move(opened) : nullptr;
-  };
-  std::unique_ptr<Session> a = open(), b = open();
+  std::unique_ptr<Session> a = OpenCausal(manager, queue), b = OpenCausal(manager, queue);
   ASSERT_TRUE(a && b);
   auto args = [&](std::vector<float>& output) {
     StepArgs step;
@@ -936,13 +938,7 @@ TEST(DecodeQueueTest, OnlyASmallStepOnAnIdleExecutorRunsOnItsCallersThread) {
   SessionManager manager(SessionOptions{});
   const std::vector<float> prompt = SmoothPrompt(100);
   std::vector<float> output(100 * kWidth);
-  auto open = [&] {
-    absl::StatusOr<std::unique_ptr<Session>> opened =
-        manager.Open(DemoVersion(), core::AttentionKind::kCausal, 1, nullptr, &queue, nullptr);
-    EXPECT_TRUE(opened.ok()) << opened.status();
-    return opened.ok() ? *std::move(opened) : nullptr;
-  };
-  std::unique_ptr<Session> a = open(), b = open();
+  std::unique_ptr<Session> a = OpenCausal(manager, queue), b = OpenCausal(manager, queue);
   ASSERT_TRUE(a && b);
   // The thread that answered a step of `tokens` tokens of `session`; `hold`: the answer waits
   // for it (holding that thread).

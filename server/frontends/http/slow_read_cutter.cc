@@ -100,11 +100,6 @@ void SlowReadCutter::End(uint64_t read) {
   reads_.erase(read);
 }
 
-int64_t SlowReadCutter::cut() const {
-  std::lock_guard lock(mu_);
-  return cut_;
-}
-
 bool SlowReadCutter::Tick() {
   const Clock::time_point now = Clock::now();
   std::set<ConnectionKey> wanted;
@@ -131,7 +126,6 @@ bool SlowReadCutter::Tick() {
     // The read returns; the answer saying why can still be written.
     if (shutdown(it->second, SHUT_RD) != 0) continue;
     read.cut = true;
-    ++cut_;
   }
   return true;
 }

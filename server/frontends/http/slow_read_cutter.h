@@ -33,9 +33,6 @@ class SlowReadCutter {
                  Clock::time_point deadline);
   void End(uint64_t read);
 
-  // Reads cut so far.
-  int64_t cut() const;
-
   // Stops looking. Idempotent.
   void Stop() { thread_.Stop(); }
 
@@ -49,10 +46,9 @@ class SlowReadCutter {
   };
   bool Tick();
 
-  mutable std::mutex mu_;  // held while a read's socket is found and shut: End waits for it
+  std::mutex mu_;  // held while a read's socket is found and shut: End waits for it
   std::map<uint64_t, Read> reads_;
   uint64_t next_ = 1;
-  int64_t cut_ = 0;
   PeriodicThread thread_;  // last: stopped before the rest goes
 };
 
