@@ -57,7 +57,9 @@ bool ComputeExecutor::TryRunInline(RunQueue* queue) {
   }
   // On this thread alone, even when a larger step queued meanwhile joins the run: OpenMP would
   // give every transport thread that ran one a team of threads of its own, living as long as it.
-  core::SetComputeThreads(1);
+  // (OpenMP keeps the setting per thread: once a thread is enough.)
+  thread_local const bool single_threaded = (core::SetComputeThreads(1), true);
+  (void)single_threaded;
   queue->RunNext(now);
   bool changed;
   {

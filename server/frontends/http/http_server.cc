@@ -64,6 +64,12 @@ class CivetExchange final : public HttpExchange {
   void Linger();
 
  private:
+  // Body reads on this connection, while the watch lives, are cut at `deadline`.
+  SlowReadCutter::Watch WatchReads(Clock::time_point deadline) const {
+    return SlowReadCutter::Watch(*cutter_, info_->remote_addr, info_->remote_port,
+                                 info_->server_port, deadline);
+  }
+
   mg_connection* const connection_;
   const mg_request_info* const info_;
   const bool closing_;
@@ -79,15 +85,13 @@ void CivetExchange::Linger() {
   constexpr auto kLingerTime = std::chrono::seconds(2);
   constexpr int64_t kLingerBytes = 64 << 20;
   const Clock::time_point until = Clock::now() + kLingerTime;
-  const uint64_t watched =
-      cutter_->Begin(info_->remote_addr, info_->remote_port, info_->server_port, until);
+  const SlowReadCutter::Watch watch = WatchReads(until);
   char chunk[16 << 10];
   for (int64_t dropped = 0; dropped < kLingerBytes && Clock::now() < until;) {
     const int n = mg_read(connection_, chunk, sizeof(chunk));
     if (n <= 0) break;
     dropped += n;
   }
-  cutter_->End(watched);
 }
 
 absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadline, size_t padding,
@@ -105,13 +109,7 @@ absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadli
   // while they are quick and drop to a byte when one is slow, so the deadline is checked at
   // least every few bytes of a trickle and full-size reads serve a fast client; and a read
   // still blocked at the deadline has its connection cut (a fast start, then a trickle).
-  const uint64_t watched =
-      cutter_->Begin(info_->remote_addr, info_->remote_port, info_->server_port, deadline);
-  struct Unwatch {
-    SlowReadCutter* cutter;
-    uint64_t read;
-    ~Unwatch() { cutter->End(read); }
-  } unwatch{cutter_, watched};
+  const SlowReadCutter::Watch watch = WatchReads(deadline);
   constexpr size_t kMaxRead = 64 << 10;
   char chunk[kMaxRead];
   size_t want = 64;
@@ -268,18 +266,12 @@ int HttpServer::LibraryError(mg_connection* connection, int status, const char* 
   // What civetweb refuses itself (a request line or headers it cannot parse or that are too
   // large, a length it cannot take) is answered as every error of the port is: JSON, and the
   // connection closed (the request's end is unknown).
+  HttpServer& self = *static_cast<HttpServer*>(mg_get_user_data(mg_get_context(connection)));
   const std::string body = ErrorJson(message != nullptr ? message : "");
-  auto* self = static_cast<HttpServer*>(mg_get_user_data(mg_get_context(connection)));
-  if (self != nullptr) {
-    self->failures_.Add(LogLevel::kInfo, "http refused by the library", "HTTP request refused",
-                        {{"status", status}, {"error", Clipped(body)}});
-  }
-  const std::string head =
-      absl::StrCat("HTTP/1.1 ", status, " ", mg_get_response_code_text(nullptr, status),
-                   "\r\nContent-Type: application/json\r\nContent-Length: ", body.size(),
-                   "\r\nConnection: close\r\n\r\n", body);
-  mg_disable_connection_keep_alive(connection);
-  mg_write(connection, head.data(), head.size());
+  self.failures_.Add(LogLevel::kInfo, "http refused by the library", "HTTP request refused",
+                     {{"status", status}, {"error", Clipped(body)}});
+  CivetExchange(connection, /*closing=*/true, &self.cutter_)
+      .Reply(status, "application/json", body, {}, {}, /*close=*/true);
   return 0;
 }
 

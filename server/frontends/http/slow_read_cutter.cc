@@ -87,17 +87,19 @@ std::map<ConnectionKey, int> FindSockets(const std::set<ConnectionKey>& wanted) 
 SlowReadCutter::SlowReadCutter(std::chrono::milliseconds period)
     : thread_(period, [this] { return Tick(); }) {}
 
-uint64_t SlowReadCutter::Begin(std::string peer_address, int peer_port, int local_port,
-                               Clock::time_point deadline) {
-  std::lock_guard lock(mu_);
-  const uint64_t id = next_++;
-  reads_[id] = Read{std::move(peer_address), peer_port, local_port, deadline};
-  return id;
-}
+SlowReadCutter::Watch::Watch(SlowReadCutter& cutter, std::string peer_address, int peer_port,
+                             int local_port, Clock::time_point deadline)
+    : cutter_(cutter), read_([&] {
+        std::lock_guard lock(cutter.mu_);
+        const uint64_t id = cutter.next_++;
+        cutter.reads_[id] =
+            Read{Normalized(std::move(peer_address)), peer_port, local_port, deadline};
+        return id;
+      }()) {}
 
-void SlowReadCutter::End(uint64_t read) {
-  std::lock_guard lock(mu_);
-  reads_.erase(read);
+SlowReadCutter::Watch::~Watch() {
+  std::lock_guard lock(cutter_.mu_);
+  cutter_.reads_.erase(read_);
 }
 
 bool SlowReadCutter::Tick() {
@@ -107,7 +109,7 @@ bool SlowReadCutter::Tick() {
     std::lock_guard lock(mu_);
     for (const auto& [id, read] : reads_) {
       if (!read.cut && now > read.deadline) {
-        wanted.insert({Normalized(read.peer_address), read.peer_port, read.local_port});
+        wanted.insert({read.peer_address, read.peer_port, read.local_port});
       }
     }
   }
@@ -119,7 +121,7 @@ bool SlowReadCutter::Tick() {
   std::lock_guard lock(mu_);
   for (auto& [id, read] : reads_) {
     if (read.cut || now <= read.deadline) continue;
-    const ConnectionKey key{Normalized(read.peer_address), read.peer_port, read.local_port};
+    const ConnectionKey key{read.peer_address, read.peer_port, read.local_port};
     const auto it = sockets.find(key);
     if (it == sockets.end()) continue;       // not found (no descriptor to spare?): the next tick
     if (KeyOf(it->second) != key) continue;  // the descriptor was closed and reused meanwhile

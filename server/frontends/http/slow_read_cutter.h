@@ -24,21 +24,29 @@ class SlowReadCutter {
   SlowReadCutter(const SlowReadCutter&) = delete;
   SlowReadCutter& operator=(const SlowReadCutter&) = delete;
 
-  // A read on the connection from `peer_address` (as civetweb writes it) port `peer_port` to
-  // this process's port `local_port`, which must end by `deadline`. The caller calls End (with
-  // what Begin returned) when the read has returned, before the connection can close. (The
-  // local address is not compared: a client would need the same port to two of the server's
-  // addresses on one port.)
-  uint64_t Begin(std::string peer_address, int peer_port, int local_port,
-                 Clock::time_point deadline);
-  void End(uint64_t read);
+  // While it lives, a read on the connection from `peer_address` (as civetweb writes it) port
+  // `peer_port` to this process's port `local_port`, which must end by `deadline`. It must go
+  // once the read has returned, before the connection can close. (The local address is not
+  // compared: a client would need the same port to two of the server's addresses on one port.)
+  class Watch {
+   public:
+    Watch(SlowReadCutter& cutter, std::string peer_address, int peer_port, int local_port,
+          Clock::time_point deadline);
+    ~Watch();
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+
+   private:
+    SlowReadCutter& cutter_;
+    const uint64_t read_;
+  };
 
   // Stops looking. Idempotent.
   void Stop() { thread_.Stop(); }
 
  private:
   struct Read {
-    std::string peer_address;
+    std::string peer_address;  // normalized: as the descriptors' addresses are compared
     int peer_port = 0;
     int local_port = 0;
     Clock::time_point deadline;
