@@ -239,7 +239,8 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   std::vector<Pending> dropped;  // past the drain's grace: answered without (more) compute
   {
     std::lock_guard lock(mu_);
-    if (closed_ && now > drain_deadline_) {
+    // The clock is read here, under the lock: `now` may predate a Close whose deadline passed.
+    if (closed_ && Clock::now() >= drain_deadline_) {
       dropped.assign(std::make_move_iterator(pending_.begin()),
                      std::make_move_iterator(pending_.end()));
       pending_.clear();

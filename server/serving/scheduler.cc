@@ -284,8 +284,9 @@ void Scheduler::RunNext(Clock::time_point now) {
 std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Dropped>* dropped) {
   // Calls whose caller left, whose deadline passed (which OnCancel may not have said yet) or
   // would pass before their run could end, and after the drain's grace every call, leave
-  // without compute.
-  const bool grace_over = closed_ && now > drain_deadline_;
+  // without compute. The grace is judged on the clock read here, under the lock: `now` was read
+  // before, and may predate a Close whose deadline is already past.
+  const bool grace_over = closed_ && Clock::now() >= drain_deadline_;
   for (auto it = queue_.begin(); it != queue_.end();) {
     Job* job = it->job;
     absl::Status why = job->CheckAlive(now);

@@ -577,10 +577,14 @@ TEST(ComputeExecutorTest, ARunGoesInlineOnlyWhileTheExecutorIsIdleAndNoOtherQueu
   ASSERT_EQ(mine.threads().size(), 1u);
   EXPECT_EQ(mine.threads()[0], here);
 
-  // Another model has a run ready (not yet taken): it goes first, on the compute thread.
+  // Another model has a run ready: it goes first, on the compute thread. (That thread may still
+  // be looking after the inline run and take it at once: held, it is then running, and nothing
+  // goes inline beside it either.)
+  other.Hold(true);
   other.SetReady();
   mine.SetReady();
   EXPECT_FALSE(executor.TryRunInline(&mine));
+  other.Hold(false);
   executor.Notify();
   ASSERT_TRUE(other.WaitRuns(1));
   ASSERT_TRUE(mine.WaitRuns(2));
