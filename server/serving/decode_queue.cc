@@ -240,17 +240,21 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   {
     std::lock_guard lock(mu_);
     // The clock is read here, under the lock: `now` may predate a Close whose deadline passed.
-    if (closed_ && Clock::now() >= drain_deadline_) {
+    if (closed_ && Clock::now() >= drain_deadline_ && !pending_.empty()) {
       dropped.assign(std::make_move_iterator(pending_.begin()),
                      std::make_move_iterator(pending_.end()));
       pending_.clear();
-      idle_cv_.notify_all();
+      running_ = true;  // until they are answered: Join waits for their answers
     }
   }
-  for (Pending& step : dropped) {
-    GiveBack(*step.session);
-    step.done(absl::UnavailableError(
-        "the server shut down before this step could run to its end (--shutdown-grace)"));
+  if (!dropped.empty()) {
+    for (Pending& step : dropped) {
+      GiveBack(*step.session);
+      step.done(absl::UnavailableError(
+          "the server shut down before this step could run to its end (--shutdown-grace)"));
+    }
+    EndRun();
+    return;
   }
   {
     std::lock_guard lock(mu_);
@@ -400,12 +404,19 @@ void DecodeQueue::RunNext(Clock::time_point now) {
       if (!finished[i]) stopped.push_back(steps[i]->session);
     }
     pending_.remove_if([](const Pending& step) { return step.answered; });
-    running_ = false;
-    if (pending_.empty()) idle_cv_.notify_all();
   }
   if (metrics_ != nullptr) metrics_->SetKvCacheBytes(kv_bytes_);
   for (Session* session : stopped) GiveBack(*session);
   for (auto& [done, answer] : answers) done(answer);
+  EndRun();
+}
+
+void DecodeQueue::EndRun() {
+  // A run ends once its steps are answered: a drain's Join returns after the last answer, so a
+  // transport shutting down next cannot cut one.
+  std::lock_guard lock(mu_);
+  running_ = false;
+  if (pending_.empty()) idle_cv_.notify_all();
 }
 
 }  // namespace attnserve::server

@@ -90,6 +90,8 @@ class DecodeQueue final : public RunQueue {
   // A step of `session` answered without running whole: the cache room it reserved and did not
   // fill goes back.
   void GiveBack(Session& session);
+  // After a run's (or a drain's) answers: the queue is idle again unless steps wait.
+  void EndRun();
   // A step of a few tokens a sequence (generation), as against a prompt's prefill.
   static bool Short(const Pending& step);
   // The cost of the rest of `step` in cached keys read (its queries times the keys each sees,
@@ -113,7 +115,7 @@ class DecodeQueue final : public RunQueue {
   std::list<Pending> pending_;  // guarded by mu_ (a list: a running step stays put)
   bool closed_ = false;         // guarded by mu_
   Clock::time_point drain_deadline_ = Clock::time_point::max();  // guarded by mu_
-  bool running_ = false;                                         // guarded by mu_
+  bool running_ = false;  // guarded by mu_; a run, until its steps are answered
   // The short steps' cost (Reads) in the latest run that had any, and when it ran. RunNext's
   // own (runs are one at a time).
   int64_t recent_short_reads_ = 0;

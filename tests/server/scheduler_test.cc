@@ -4,6 +4,7 @@
 
 #include "server/serving/scheduler.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -931,6 +932,64 @@ TEST(DecodeQueueTest, AStepTakenBackBeforeItRunsGivesBackItsCacheRoom) {
   ASSERT_TRUE(b->Step(args(b_output), [&](absl::Status status) { again.set_value(status); }).ok());
   EXPECT_TRUE(again.get_future().get().ok());
   EXPECT_EQ(b->positions(), std::vector<int64_t>{kPrompt});
+}
+
+// A drain's Join returns only once every step is answered: the run's (an answer still being
+// written) and those dropped past the grace. (The transport shuts down next: an answer not
+// written by then would be cut.)
+TEST(DecodeQueueTest, JoinWaitsForEveryAnswerItsRunsAndItsDrainGive) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  constexpr int64_t kPrompt = 300;  // too long to run inline on the caller's thread
+  const std::vector<float> prompt = SmoothPrompt(kPrompt);
+  std::vector<float> a_output(kPrompt * kWidth), b_output(kPrompt * kWidth);
+  std::unique_ptr<Session> a = OpenCausal(manager, queue), b = OpenCausal(manager, queue);
+  ASSERT_TRUE(a && b);
+  auto args = [&](std::vector<float>& output) {
+    StepArgs step;
+    step.inputs = {prompt.data()};
+    step.tokens = {kPrompt};
+    step.outputs = {output.data()};
+    return step;
+  };
+  // A step of A whose answer holds the compute thread until `release` is set.
+  auto step_a_held = [&](std::shared_future<void> release) {
+    auto answering = std::make_shared<std::promise<void>>();
+    std::future<void> answering_now = answering->get_future();
+    ASSERT_TRUE(a->Step(args(a_output), [answering, release](absl::Status status) {
+                   EXPECT_TRUE(status.ok()) << status;
+                   answering->set_value();
+                   release.wait();
+                 }).ok());
+    answering_now.wait();
+  };
+  auto join = [&] { return std::async(std::launch::async, [&] { queue.Join(); }); };
+
+  // Nothing else queued: the join still waits for A's answer.
+  std::promise<void> release_first;
+  step_a_held(release_first.get_future().share());
+  std::future<void> first = join();
+  EXPECT_EQ(first.wait_for(milliseconds(200)), std::future_status::timeout)
+      << "the join returned while a step's answer was still being given";
+  release_first.set_value();
+  ASSERT_EQ(first.wait_for(seconds(10)), std::future_status::ready);
+
+  // B's step, queued behind A's answer, is dropped by a drain without grace: the join waits for
+  // its (slow) answer too.
+  std::promise<void> release_second;
+  step_a_held(release_second.get_future().share());
+  std::atomic<bool> b_answered = false;
+  ASSERT_TRUE(b->Step(args(b_output), [&](absl::Status status) {
+                 EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+                 std::this_thread::sleep_for(milliseconds(300));  // a slow write
+                 b_answered = true;
+               }).ok());
+  queue.Close(Clock::now());
+  std::future<void> second = join();
+  release_second.set_value();
+  ASSERT_EQ(second.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(b_answered) << "the join returned before the dropped step's answer";
 }
 
 // A step small enough for one thread runs on its caller's thread when the executor is idle (two
