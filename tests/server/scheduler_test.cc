@@ -888,87 +888,79 @@ TEST(DecodeQueueTest, ACausalCrossContextIsProjectedAsItsQueriesReachIt) {
   EXPECT_EQ(queue.kv_bytes().load(), 0);
 }
 
-// A step taken back before it runs (its stream ended) gives back the cache room it reserved, and
-// leaves the session as it was.
-TEST(DecodeQueueTest, AStepTakenBackBeforeItRunsGivesBackItsCacheRoom) {
-  ComputeExecutor executor(1);
-  DecodeQueue queue("m", 256, &executor, nullptr);
-  SessionManager manager(SessionOptions{});
-  constexpr int64_t kPrompt = 600;  // too long to run inline on the caller's thread
-  const std::vector<float> prompt = SmoothPrompt(kPrompt);
-  std::vector<float> a_output(kPrompt * kWidth), b_output(kPrompt * kWidth);
-  std::unique_ptr<Session> a = OpenCausal(manager, queue), b = OpenCausal(manager, queue);
-  ASSERT_TRUE(a && b);
-  auto args = [&](std::vector<float>& output) {
+// Two causal sessions, A and B, on one queue, each step a whole prompt too long to run inline on
+// the caller's thread; A's step can hold the compute thread in its answer, so that what B
+// submits meanwhile stays queued.
+struct TwoPromptSessions {
+  static constexpr int64_t kPrompt = 600;
+
+  StepArgs Args(std::vector<float>& output) const {
     StepArgs step;
     step.inputs = {prompt.data()};
     step.tokens = {kPrompt};
     step.outputs = {output.data()};
     return step;
-  };
-  // A's answer holds the compute thread, so that B's step stays queued.
-  std::promise<void> a_answering, release;
-  std::shared_future<void> released = release.get_future().share();
-  ASSERT_TRUE(a->Step(args(a_output), [&](absl::Status status) {
-                 EXPECT_TRUE(status.ok()) << status;
-                 a_answering.set_value();
-                 released.wait();
-               }).ok());
-  a_answering.get_future().wait();
-  const int64_t before = queue.kv_bytes().load();
+  }
+  // Steps A; returns once A's answer holds the compute thread, which it does until `release`.
+  void StepAHeld(std::shared_future<void> release) {
+    auto answering = std::make_shared<std::promise<void>>();
+    std::future<void> answering_now = answering->get_future();
+    ASSERT_TRUE(a->Step(Args(a_output), [answering, release](absl::Status status) {
+                   EXPECT_TRUE(status.ok()) << status;
+                   answering->set_value();
+                   release.wait();
+                 }).ok());
+    answering_now.wait();
+  }
+
+  ComputeExecutor executor{1};
+  DecodeQueue queue{"m", 256, &executor, nullptr};
+  SessionManager manager{SessionOptions{}};
+  const std::vector<float> prompt = SmoothPrompt(kPrompt);
+  std::vector<float> a_output = std::vector<float>(kPrompt * kWidth);
+  std::vector<float> b_output = std::vector<float>(kPrompt * kWidth);
+  std::unique_ptr<Session> a = OpenCausal(manager, queue);
+  std::unique_ptr<Session> b = OpenCausal(manager, queue);
+};
+
+// A step taken back before it runs (its stream ended) gives back the cache room it reserved, and
+// leaves the session as it was.
+TEST(DecodeQueueTest, AStepTakenBackBeforeItRunsGivesBackItsCacheRoom) {
+  TwoPromptSessions t;
+  ASSERT_TRUE(t.a && t.b);
+  std::promise<void> release;
+  t.StepAHeld(release.get_future().share());
+  const int64_t before = t.queue.kv_bytes().load();
   std::promise<absl::Status> b_answer;
   ASSERT_TRUE(
-      b->Step(args(b_output), [&](absl::Status status) { b_answer.set_value(status); }).ok());
-  EXPECT_GT(queue.kv_bytes().load(), before) << "the step reserved no cache room";
-  b->CancelStep(absl::CancelledError("the stream ended"));
+      t.b->Step(t.Args(t.b_output), [&](absl::Status status) { b_answer.set_value(status); }).ok());
+  EXPECT_GT(t.queue.kv_bytes().load(), before) << "the step reserved no cache room";
+  t.b->CancelStep(absl::CancelledError("the stream ended"));
   std::future<absl::Status> answered = b_answer.get_future();
   ASSERT_EQ(answered.wait_for(seconds(5)), std::future_status::ready);
   EXPECT_EQ(answered.get().code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(queue.kv_bytes().load(), before) << "the step taken back kept its cache room";
-  EXPECT_EQ(b->positions(), std::vector<int64_t>{0});
+  EXPECT_EQ(t.queue.kv_bytes().load(), before) << "the step taken back kept its cache room";
+  EXPECT_EQ(t.b->positions(), std::vector<int64_t>{0});
   release.set_value();
   // The session goes on as if the step had never come.
   std::promise<absl::Status> again;
-  ASSERT_TRUE(b->Step(args(b_output), [&](absl::Status status) { again.set_value(status); }).ok());
+  ASSERT_TRUE(
+      t.b->Step(t.Args(t.b_output), [&](absl::Status status) { again.set_value(status); }).ok());
   EXPECT_TRUE(again.get_future().get().ok());
-  EXPECT_EQ(b->positions(), std::vector<int64_t>{kPrompt});
+  EXPECT_EQ(t.b->positions(), std::vector<int64_t>{TwoPromptSessions::kPrompt});
 }
 
 // A drain's Join returns only once every step is answered: the run's (an answer still being
 // written) and those dropped past the grace. (The transport shuts down next: an answer not
 // written by then would be cut.)
 TEST(DecodeQueueTest, JoinWaitsForEveryAnswerItsRunsAndItsDrainGive) {
-  ComputeExecutor executor(1);
-  DecodeQueue queue("m", 256, &executor, nullptr);
-  SessionManager manager(SessionOptions{});
-  constexpr int64_t kPrompt = 300;  // too long to run inline on the caller's thread
-  const std::vector<float> prompt = SmoothPrompt(kPrompt);
-  std::vector<float> a_output(kPrompt * kWidth), b_output(kPrompt * kWidth);
-  std::unique_ptr<Session> a = OpenCausal(manager, queue), b = OpenCausal(manager, queue);
-  ASSERT_TRUE(a && b);
-  auto args = [&](std::vector<float>& output) {
-    StepArgs step;
-    step.inputs = {prompt.data()};
-    step.tokens = {kPrompt};
-    step.outputs = {output.data()};
-    return step;
-  };
-  // A step of A whose answer holds the compute thread until `release` is set.
-  auto step_a_held = [&](std::shared_future<void> release) {
-    auto answering = std::make_shared<std::promise<void>>();
-    std::future<void> answering_now = answering->get_future();
-    ASSERT_TRUE(a->Step(args(a_output), [answering, release](absl::Status status) {
-                   EXPECT_TRUE(status.ok()) << status;
-                   answering->set_value();
-                   release.wait();
-                 }).ok());
-    answering_now.wait();
-  };
-  auto join = [&] { return std::async(std::launch::async, [&] { queue.Join(); }); };
+  TwoPromptSessions t;
+  ASSERT_TRUE(t.a && t.b);
+  auto join = [&] { return std::async(std::launch::async, [&] { t.queue.Join(); }); };
 
   // Nothing else queued: the join still waits for A's answer.
   std::promise<void> release_first;
-  step_a_held(release_first.get_future().share());
+  t.StepAHeld(release_first.get_future().share());
   std::future<void> first = join();
   EXPECT_EQ(first.wait_for(milliseconds(200)), std::future_status::timeout)
       << "the join returned while a step's answer was still being given";
@@ -978,14 +970,16 @@ TEST(DecodeQueueTest, JoinWaitsForEveryAnswerItsRunsAndItsDrainGive) {
   // B's step, queued behind A's answer, is dropped by a drain without grace: the join waits for
   // its (slow) answer too.
   std::promise<void> release_second;
-  step_a_held(release_second.get_future().share());
+  t.StepAHeld(release_second.get_future().share());
   std::atomic<bool> b_answered = false;
-  ASSERT_TRUE(b->Step(args(b_output), [&](absl::Status status) {
-                 EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
-                 std::this_thread::sleep_for(milliseconds(300));  // a slow write
-                 b_answered = true;
-               }).ok());
-  queue.Close(Clock::now());
+  ASSERT_TRUE(t.b->Step(t.Args(t.b_output),
+                        [&](absl::Status status) {
+                          EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+                          std::this_thread::sleep_for(milliseconds(300));  // a slow write
+                          b_answered = true;
+                        })
+                  .ok());
+  t.queue.Close(Clock::now());
   std::future<void> second = join();
   release_second.set_value();
   ASSERT_EQ(second.wait_for(seconds(10)), std::future_status::ready);
