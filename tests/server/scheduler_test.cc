@@ -413,10 +413,12 @@ TEST(SchedulerOverloadTest, ADeadlineTheQueuedWorkCannotMeetIsRefusedAtOnceBefor
   CallReporter reporter(metrics.get());
   Scheduler scheduler("m", Options(0, milliseconds(0)), &executor, &reporter);
   Warm(scheduler, {512, 512, 512, 512}, 512, 3);
-  // Many runs' worth of work queued, no deadline: far more than 5 ms.
+  // Many runs' worth of work queued, no deadline: far more than 5 ms (each run made to last at
+  // least 10 ms, so the backlog is still there when the test looks, however fast the machine).
   std::vector<std::unique_ptr<FakeJob>> backlog;
   for (int i = 0; i < 16; ++i) {
     backlog.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, i));
+    backlog.back()->set_slow_buffers(milliseconds(10));
     Queue(scheduler, *backlog.back());
   }
   // Reserve is what admission asks before the call's tensors are decoded.
@@ -481,9 +483,12 @@ TEST(SchedulerOverloadTest, AStandingQueuePastTheTargetRefusesCallsWithADeadline
   options.queue_delay_target = milliseconds(1);
   Scheduler scheduler("m", options, &executor, &reporter);
   Warm(scheduler, {512, 512, 512, 512}, 512, 2);
+  // Each run made to last 25 ms: the backlog outlasts the look below on any machine (a fast one
+  // computed 40 real runs in under 250 ms).
   std::vector<std::unique_ptr<FakeJob>> backlog;
   for (int i = 0; i < 40; ++i) {
     backlog.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, i));
+    backlog.back()->set_slow_buffers(milliseconds(25));
     Queue(scheduler, *backlog.back());
   }
   // Every call starting a run has waited past 1 ms for over 100 ms: overloaded. A call with a
