@@ -621,8 +621,9 @@ TEST_F(DecodeServiceTest, APromptBetweenAGeneratingSessionsStepsRunsNoCostlierTh
   EXPECT_GT(steps.load(), 3);
   // Beside the step, or alone in a moment between two of them, a run's chunk of the prompt
   // reads no more keys than the step did, or the floor's 16k (under 32 tokens at position 0): no
-  // run of 64 tokens or more (a 256-token chunk, were the prompt to run as if alone). One is
-  // allowed, for a moment the stepping thread is off its core for 100 ms.
+  // run of 64 tokens or more (a 256-token chunk, were the prompt to run as if alone). Two are
+  // allowed (four with sanitizers), for moments the stepping thread is off its core for 100 ms;
+  // running as if alone would make 16.
   absl::StatusOr<std::map<std::string, double>> samples = Scrape(server_->metrics_port());
   ASSERT_TRUE(samples.ok()) << samples.status();
   const double runs =
@@ -630,7 +631,8 @@ TEST_F(DecodeServiceTest, APromptBetweenAGeneratingSessionsStepsRunsNoCostlierTh
   const double small = (*samples)[SeriesKey("attnserve_decode_step_tokens_bucket",
                                             {{"le", "32"}, {"model", "demo"}})];
   EXPECT_GE(runs, kPrompt / 32);
-  EXPECT_LE(runs - small, 1) << "runs of the prompt cost more than the steps beside them";
+  EXPECT_LE(runs - small, kSanitized ? 4 : 2)
+      << "runs of the prompt cost more than the steps beside them";
   EndStreams({long_stream.get(), short_stream.get()});
 }
 

@@ -638,7 +638,9 @@ TEST(HttpSequenceDeadlineTest, StepsPastTheirDeadlineAre504AndAWaitingOneIsTaken
   HttpReply long_reply;
   std::atomic<bool> long_answered{false};
   std::thread long_step([&] {
-    long_reply = step(4, kLong, "late", false, false, 100);
+    // 300 ms: time to read and check the 10 MB body before it (slow with sanitizers), and
+    // well short of computing 10,000 tokens (most of a second on a fast machine).
+    long_reply = step(4, kLong, "late", false, false, 300);
     long_answered = true;
   });
   for (int i = 0; i < 5000 && decoded_tokens() == before; ++i) {

@@ -871,7 +871,9 @@ TEST(RepositoryTest, UnloadAnswersTheQueuedCallsAndRefusesNewOnes) {
   repo.AddVersion("m", 1, kWeightsA);
   ServerOptions options = RepoOptions(repo, ControlMode::kExplicit);
   options.load_models = {"m"};
-  options.max_queue_delay_us = 1'500'000;  // calls wait in the queue for others to merge with
+  // Calls wait in the queue for others to merge with, past all the test does before they run
+  // (six callers queued, then three more calls), however slow the machine.
+  options.max_queue_delay_us = 3'000'000;
   std::unique_ptr<Server> server = StartServer(options);
   ASSERT_NE(server, nullptr);
   Client client(server->port());

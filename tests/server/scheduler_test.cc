@@ -369,13 +369,15 @@ TEST(SchedulerTest, ADrainWithoutDeadlineComputesEveryQueuedCall) {
 TEST(SchedulerTest, ModelsTakeTurnsOnOneExecutor) {
   ComputeExecutor executor(1);
   RecordingReporter reporter;
-  // No merging, and a window long enough to queue everything before the first run.
+  // No merging: one call a run.
   const SchedulerOptions options = Options(0, milliseconds(0));
   Scheduler first("first", options, &executor, &reporter);
   Scheduler second("second", options, &executor, &reporter);
   std::vector<std::unique_ptr<FakeJob>> jobs;
-  // A long call occupies the executor while three calls of each model queue up.
+  // A long call (made to last 200 ms on any machine) occupies the executor while three calls of
+  // each model queue up.
   jobs.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, 0));
+  jobs.back()->set_slow_buffers(milliseconds(200));
   Queue(first, *jobs.back());
   for (int i = 0; i < 3; ++i) {
     jobs.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{8}, 8, i));
@@ -570,11 +572,24 @@ class HandQueue final : public RunQueue {
   std::function<void()> during_;
 };
 
+// Returns once `executor`'s compute thread waits for a Notify: a queue's run is made on it, and
+// the queue's removal waits for that thread to leave the run and look at the queues again. (A
+// queue made ready without a Notify is then not taken behind the test's back.)
+void WaitUntilParked(ComputeExecutor& executor) {
+  HandQueue warm;
+  executor.Add(&warm);
+  warm.SetReady();
+  executor.Notify();
+  ASSERT_TRUE(warm.WaitRuns(1));
+  executor.Remove(&warm);
+}
+
 TEST(ComputeExecutorTest, ARunGoesInlineOnlyWhileTheExecutorIsIdleAndNoOtherQueueIsReady) {
   ComputeExecutor executor(1);
   HandQueue mine, other;
   executor.Add(&mine);
   executor.Add(&other);
+  WaitUntilParked(executor);  // its first look at the queues, as it starts, is over
   const std::thread::id here = std::this_thread::get_id();
 
   // Idle: the run happens here, before TryRunInline returns.
@@ -1020,8 +1035,7 @@ TEST(DecodeQueueTest, OnlyASmallStepOnAnIdleExecutorRunsOnItsCallersThread) {
                     .ok());
   };
   const std::thread::id caller = std::this_thread::get_id();
-  // The compute thread's first look at the queues, when it starts, is long over.
-  std::this_thread::sleep_for(milliseconds(100));
+  WaitUntilParked(executor);  // the compute thread's first look at the queues is over
   std::promise<std::thread::id> small, large, beside_busy;
   step(*a, 1, small);
   EXPECT_EQ(small.get_future().get(), caller) << "a one-token step on an idle executor was queued";
