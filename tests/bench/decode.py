@@ -273,7 +273,10 @@ def shared_cores_rows(server, bench, floor_message_cpu, name, inner, element_byt
         memory_cpu = cores * cache_bytes(inner, element_bytes, prompt, steps) / bandwidth
         tokens = sessions * batch * (steps - 1)
         server_cpu = (cpu[steps][0] - cpu[1][0]) / tokens
-        client_cpu = (cpu[steps][1] - cpu[1][1]) / tokens
+        # One stream of B = n sends few messages: its client's share is below what the prompts'
+        # runs vary by, and the difference can come out negative. None is counted then (a
+        # negative share would raise the ceiling).
+        client_cpu = max(cpu[steps][1] - cpu[1][1], 0.0) / tokens
         ceiling = cores / (client_cpu + floor_message_cpu / batch + memory_cpu)
         tps = cpu[steps][2]
         rows.append((name, prompt, f"{sessions}x B={batch}", tps, ceiling, server_cpu, client_cpu))
