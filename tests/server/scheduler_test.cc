@@ -407,6 +407,20 @@ void Warm(Scheduler& scheduler, const std::vector<int64_t>& lengths, int64_t pad
   }
 }
 
+// Queues `count` 4x512 calls (no deadline), each run made to last at least `each`: a backlog
+// still there when the test looks, however fast the machine (one computed 40 real runs of these
+// in under 250 ms).
+std::vector<std::unique_ptr<FakeJob>> Backlog(Scheduler& scheduler, int count,
+                                              Clock::duration each) {
+  std::vector<std::unique_ptr<FakeJob>> backlog;
+  for (int i = 0; i < count; ++i) {
+    backlog.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, i));
+    backlog.back()->set_slow_buffers(each);
+    Queue(scheduler, *backlog.back());
+  }
+  return backlog;
+}
+
 TEST(SchedulerOverloadTest, ADeadlineTheQueuedWorkCannotMeetIsRefusedAtOnceBeforeDecode) {
   ComputeExecutor executor(1);
   std::unique_ptr<Metrics> metrics = Metrics::Create();
@@ -415,14 +429,8 @@ TEST(SchedulerOverloadTest, ADeadlineTheQueuedWorkCannotMeetIsRefusedAtOnceBefor
   CallReporter reporter(metrics.get());
   Scheduler scheduler("m", Options(0, milliseconds(0)), &executor, &reporter);
   Warm(scheduler, {512, 512, 512, 512}, 512, 3);
-  // Many runs' worth of work queued, no deadline: far more than 5 ms (each run made to last at
-  // least 10 ms, so the backlog is still there when the test looks, however fast the machine).
-  std::vector<std::unique_ptr<FakeJob>> backlog;
-  for (int i = 0; i < 16; ++i) {
-    backlog.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, i));
-    backlog.back()->set_slow_buffers(milliseconds(10));
-    Queue(scheduler, *backlog.back());
-  }
+  // Many runs' worth of work queued, no deadline: far more than 5 ms.
+  const std::vector<std::unique_ptr<FakeJob>> backlog = Backlog(scheduler, 16, milliseconds(10));
   // Reserve is what admission asks before the call's tensors are decoded.
   const absl::Status refused = scheduler.Reserve(Clock::now() + milliseconds(5));
   EXPECT_EQ(refused.code(), absl::StatusCode::kDeadlineExceeded) << refused;
@@ -485,14 +493,7 @@ TEST(SchedulerOverloadTest, AStandingQueuePastTheTargetRefusesCallsWithADeadline
   options.queue_delay_target = milliseconds(1);
   Scheduler scheduler("m", options, &executor, &reporter);
   Warm(scheduler, {512, 512, 512, 512}, 512, 2);
-  // Each run made to last 25 ms: the backlog outlasts the look below on any machine (a fast one
-  // computed 40 real runs in under 250 ms).
-  std::vector<std::unique_ptr<FakeJob>> backlog;
-  for (int i = 0; i < 40; ++i) {
-    backlog.push_back(std::make_unique<FakeJob>(std::vector<int64_t>{512, 512, 512, 512}, 512, i));
-    backlog.back()->set_slow_buffers(milliseconds(25));
-    Queue(scheduler, *backlog.back());
-  }
+  const std::vector<std::unique_ptr<FakeJob>> backlog = Backlog(scheduler, 40, milliseconds(25));
   // Every call starting a run has waited past 1 ms for over 100 ms: overloaded. A call with a
   // generous deadline is refused for the delay it would wait, not for its deadline.
   std::this_thread::sleep_for(milliseconds(250));
