@@ -31,13 +31,15 @@ struct KvQuery {
 // point), so that each cached block is read as one stream; fewer heads a task when there are too
 // few tiles to share among the threads. head_dim <= kMaxDecodeHeadDim (Layer::Decode checks),
 // and each query's cache has that head_dim.
-// Runs on the widest kernel this CPU has (AVX-512, AVX2 with FMA, portable), or the portable one
-// under ATTNSERVE_ATTENTION_KERNEL=portable.
+// Runs on the widest kernel this CPU has (AVX512-BF16, AVX-512, AVX2 with FMA, portable), or the
+// one ATTNSERVE_ATTENTION_KERNEL names. The AVX512-BF16 kernel multiplies a bf16 cache's keys and
+// values by each query and softmax weight rounded to bf16 (sums in f32); every other kernel
+// multiplies in f32 (a bf16 cache's values widened).
 void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,
                  float scale);
 
-// The kernel flavours this CPU runs, widest first ("avx512", "avx2", "portable"), and
-// KvAttention on one of them (nothing for a name not listed): for tests and comparisons.
+// The kernel flavours this CPU runs, widest first ("avx512bf16", "avx512", "avx2", "portable"),
+// and KvAttention on one of them (nothing for a name not listed): for tests and comparisons.
 std::vector<std::string> KvAttentionFlavours();
 void KvAttentionWith(std::string_view flavour, std::span<const KvQuery> queries, int64_t num_heads,
                      int64_t head_dim, float scale);

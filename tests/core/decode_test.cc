@@ -272,21 +272,29 @@ TEST(KvCacheTest, ANegativeLengthIsRefusedAndTheBudgetStaysWhole) {
   EXPECT_EQ(b.Reserve(1).code(), absl::StatusCode::kResourceExhausted);
 }
 
-// Every KV attention kernel this CPU runs (AVX-512, AVX2, portable), f32 and bf16 caches, head
-// widths that are and are not multiples of 16 and 64 (and an odd one: bf16 pairs dimensions),
-// lengths that end inside a block (after an odd row: bf16 pairs rows): each
+// Every KV attention kernel this CPU runs (AVX512-BF16, AVX-512, AVX2, portable), f32 and bf16
+// caches, head widths that are and are not multiples of 16 and 64 (and an odd one: bf16 pairs
+// dimensions), lengths that end inside a block (after an odd row: bf16 pairs rows): each
 // output equals softmax(q K^T / sqrt(d)) V computed in double from the same cached values
-// (bf16: the values as rounded into the cache), within f32 rounding.
+// (bf16: the values as rounded into the cache), within f32 rounding. The AVX512-BF16 kernel of
+// a bf16 cache multiplies bf16s: its query is rounded to bf16 (so is the definition's), and so
+// is each softmax weight (each off by 2^-9 of itself at most: the output by 2^-9 of the weighted
+// sum of |v|, allowed twice that).
 TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
   const std::vector<std::string> flavours = KvAttentionFlavours();
   ASSERT_FALSE(flavours.empty());
   EXPECT_EQ(flavours.back(), "portable");
   for (const std::string& flavour : flavours) {
-    // 768 and 4096: a head whose tile holds fewer queries, and the widest sessions serve.
-    for (const int64_t head_dim : {8, 21, 24, 64, 80, 128, 768, 4096}) {
+    // 768 and 4096: a head whose tile holds fewer queries, and the widest sessions serve; 20
+    // heads: more than a kernel takes a step at a time.
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {{3, 8},  {3, 21},  {3, 24},  {3, 64},
+                                                             {3, 80}, {3, 128}, {3, 768}, {3, 4096},
+                                                             {20, 8}, {20, 21}, {20, 64}};
+    for (const std::pair<int64_t, int64_t>& shape : shapes) {
+      const int64_t heads = shape.first;
+      const int64_t head_dim = shape.second;
       for (const KvPrecision precision : {KvPrecision::kF32, KvPrecision::kBF16}) {
-        constexpr int64_t kHeads = 3;
-        const int64_t width = kHeads * head_dim;
+        const int64_t width = heads * head_dim;
         KvCacheBudget budget(int64_t{1} << 30);
         KvSequence cache(width, head_dim, precision, &budget);
         constexpr int64_t kLength = 3 * kKvBlockTokens + 5;
@@ -320,31 +328,40 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
         for (int64_t t = 0; t < kLength; ++t) {
           cache.Write(t, keys.data() + t * width, values.data() + t * width);
         }
+        const bool bf16_products = flavour == "avx512bf16" && precision == KvPrecision::kBF16;
         std::vector<float> q(width), out(width, -1.0f);
         for (int64_t c = 0; c < width; ++c) q[c] = value_at(c, 3);
+        auto query_element = [&](float x) {
+          return bf16_products ? stored(x) : static_cast<double>(x);
+        };
         for (const int64_t visible : {int64_t{1}, kKvBlockTokens, kLength}) {
           const KvQuery query{q.data(), out.data(), &cache, visible};
           const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-          KvAttentionWith(flavour, {&query, 1}, kHeads, head_dim, static_cast<float>(scale));
-          for (int64_t h = 0; h < kHeads; ++h) {
+          KvAttentionWith(flavour, {&query, 1}, heads, head_dim, static_cast<float>(scale));
+          for (int64_t h = 0; h < heads; ++h) {
             std::vector<double> weights(visible);
             double top = -1e300, sum = 0;
             for (int64_t t = 0; t < visible; ++t) {
               double dot = 0;
               for (int64_t d = 0; d < head_dim; ++d) {
-                dot += q[h * head_dim + d] * stored(keys[t * width + h * head_dim + d]);
+                dot +=
+                    query_element(q[h * head_dim + d]) * stored(keys[t * width + h * head_dim + d]);
               }
               weights[t] = dot * scale;
               top = std::max(top, weights[t]);
             }
             for (double& w : weights) sum += (w = std::exp(w - top));
             for (int64_t d = 0; d < head_dim; ++d) {
-              double want = 0;
+              double want = 0, weighted_magnitude = 0;
               for (int64_t t = 0; t < visible; ++t) {
-                want += weights[t] / sum * stored(values[t * width + h * head_dim + d]);
+                const double v = stored(values[t * width + h * head_dim + d]);
+                want += weights[t] / sum * v;
+                weighted_magnitude += weights[t] / sum * std::abs(v);
               }
-              ASSERT_NEAR(out[h * head_dim + d], want, 2e-6)
-                  << flavour << " head_dim " << head_dim << " bf16 "
+              const double tolerance =
+                  2e-6 + (bf16_products ? std::ldexp(weighted_magnitude, -8) : 0.0);
+              ASSERT_NEAR(out[h * head_dim + d], want, tolerance)
+                  << flavour << " heads " << heads << " head_dim " << head_dim << " bf16 "
                   << (precision == KvPrecision::kBF16) << " visible " << visible << " head " << h
                   << " dim " << d;
             }
@@ -363,13 +380,13 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
           for (int64_t c = 0; c < width; ++c) qs[i * width + c] = value_at(i * width + c, 4);
           const int64_t visible = visibles[i % visibles.size()];
           const KvQuery one{qs.data() + i * width, alone.data() + i * width, &cache, visible};
-          KvAttentionWith(flavour, {&one, 1}, kHeads, head_dim, scale);
+          KvAttentionWith(flavour, {&one, 1}, heads, head_dim, scale);
           tile.push_back({qs.data() + i * width, tiled.data() + i * width, &cache, visible});
         }
-        KvAttentionWith(flavour, tile, kHeads, head_dim, scale);
+        KvAttentionWith(flavour, tile, heads, head_dim, scale);
         for (size_t i = 0; i < alone.size(); ++i) {
-          ASSERT_EQ(tiled[i], alone[i]) << flavour << " head_dim " << head_dim << " query "
-                                        << i / width << " element " << i % width;
+          ASSERT_EQ(tiled[i], alone[i]) << flavour << " heads " << heads << " head_dim " << head_dim
+                                        << " query " << i / width << " element " << i % width;
         }
         EXPECT_EQ(tiled[width], 0.0f);  // the query that sees nothing
       }
