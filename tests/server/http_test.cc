@@ -594,6 +594,7 @@ TEST(HttpInferCallTest, ACallThatFinishesAfterItsDeadlineIs504) {
   HttpInferCall in_time("demo", "", HttpInferBody{}, now, now + std::chrono::seconds(30));
   in_time.Finish(absl::OkStatus());
   EXPECT_TRUE(in_time.Wait().ok());
+  // Finished while its connection's thread waits, or before that thread came to wait.
   HttpInferCall late("demo", "", HttpInferBody{}, now, now + std::chrono::milliseconds(20));
   std::thread computing([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -602,6 +603,16 @@ TEST(HttpInferCallTest, ACallThatFinishesAfterItsDeadlineIs504) {
   const absl::Status status = late.Wait();
   computing.join();
   EXPECT_EQ(HttpStatus(status), 504) << status;
+  HttpInferCall finished_late("demo", "", HttpInferBody{}, now,
+                              now + std::chrono::milliseconds(20));
+  std::this_thread::sleep_until(now + std::chrono::milliseconds(40));
+  finished_late.Finish(absl::OkStatus());
+  const absl::Status waited_after = finished_late.Wait();
+  EXPECT_EQ(HttpStatus(waited_after), 504) << waited_after;
+  // A failure is answered as what it is, late or not.
+  HttpInferCall failed("demo", "", HttpInferBody{}, now, now + std::chrono::milliseconds(20));
+  failed.Finish(absl::InternalError("the run failed"));
+  EXPECT_EQ(failed.Wait().code(), absl::StatusCode::kInternal);
 }
 
 // Past Request-Timeout-Ms a sequence step is 504, as a call is: a step that waited for its turn

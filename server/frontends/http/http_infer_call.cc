@@ -84,6 +84,7 @@ void HttpInferCall::Finish(const absl::Status& status) {
   std::lock_guard lock(mu_);
   status_ = status;
   done_ = true;
+  late_ = Clock::now() > deadline();
   done_cv_.notify_one();
 }
 
@@ -94,14 +95,18 @@ absl::Status HttpInferCall::Wait() {
 
 absl::Status HttpInferCall::Wait(const std::function<void()>& at_deadline, absl::string_view late) {
   std::unique_lock lock(mu_);
-  if (done_cv_.wait_until(lock, deadline(), [this] { return done_; })) return status_;
-  lock.unlock();
-  at_deadline();
-  lock.lock();
-  done_cv_.wait(lock, [this] { return done_; });
-  // Finished after its deadline: answered as too late all the same (as gRPC's deadline is).
-  if (!status_.ok()) return status_;
-  return absl::DeadlineExceededError(late);
+  // The deadline came with the call still running (not done when this thread looked last).
+  const bool outlived = !done_cv_.wait_until(lock, deadline(), [this] { return done_; });
+  if (outlived) {
+    lock.unlock();
+    at_deadline();
+    lock.lock();
+    done_cv_.wait(lock, [this] { return done_; });
+  }
+  // Finished after its deadline (however soon this thread came to wait): answered as too late
+  // all the same, as gRPC's deadline is.
+  if (status_.ok() && (outlived || late_)) return absl::DeadlineExceededError(late);
+  return status_;
 }
 
 }  // namespace attnserve::server

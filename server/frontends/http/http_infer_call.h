@@ -88,6 +88,7 @@ class HttpInferCall final : public Job {
   std::mutex mu_;
   std::condition_variable done_cv_;
   bool done_ = false;    // guarded by mu_
+  bool late_ = false;    // guarded by mu_: Finish came after the deadline
   absl::Status status_;  // guarded by mu_
 };
 
