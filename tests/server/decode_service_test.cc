@@ -230,9 +230,10 @@ class DecodeServiceTest : public ::testing::Test {
     SentStep(DecodeServiceTest& test, inference::ModelInferRequest request, Until until) {
       const double tokens_before = test.Counter("attnserve_decode_tokens_total");
       const double waiting_before = test.Gauge("attnserve_sequence_requests_waiting");
+      context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
       thread_ = std::thread([this, &test, request = std::move(request)] {
         inference::ModelInferResponse response;
-        status_ = test.Infer(request, &response);
+        status_ = test.infer_->ModelInfer(&context_, request, &response);
         answered_ = true;
       });
       if (until == Until::kRunning) {
@@ -247,6 +248,8 @@ class DecodeServiceTest : public ::testing::Test {
       EXPECT_FALSE(answered_.load()) << "the step was answered without waiting for its turn";
     }
     ~SentStep() { Join(); }
+    // Its caller leaves: the call is cancelled.
+    void Cancel() { context_.TryCancel(); }
     // Whether its answer has come.
     bool answered() const { return answered_.load(); }
     // Its answer, once it comes.
@@ -256,6 +259,7 @@ class DecodeServiceTest : public ::testing::Test {
     }
 
    private:
+    grpc::ClientContext context_;
     std::thread thread_;
     grpc::Status status_;
     std::atomic<bool> answered_{false};
@@ -942,8 +946,8 @@ TEST_F(DecodeServiceTest, StepsOfASequenceSentAtOnceRunOneAtATime) {
 }
 
 // A step that waits for its turn behind another step of its sequence, and whose caller leaves
-// (its deadline passes) before that turn comes, is taken back: the sequence does not hold it,
-// nor the model its queue place.
+// (cancels; a deadline that passes ends a call the same way) before that turn comes, is taken
+// back: the sequence does not hold it, nor the model its queue place.
 TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   ServerOptions options;
   options.max_session_tokens = 16384;
@@ -957,11 +961,10 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   inference::ModelInferResponse response;
   ASSERT_TRUE(Infer(SequenceRequest(prompt, 0, 4, 11, true, false), &response).ok());
   SentStep long_step(*this, SequenceRequest(prompt, 4, kLong, 11, false, false), Until::kRunning);
-  // A token the sequence must not hold, sent with a deadline that passes while it waits.
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(20));
-  const grpc::Status waited =
-      infer_->ModelInfer(&context, SequenceRequest(sequence_, 0, 1, 11, false, false), &response);
+  // A token the sequence must not hold, whose caller leaves once the server has it waiting.
+  SentStep left(*this, SequenceRequest(sequence_, 0, 1, 11, false, false), Until::kWaiting);
+  left.Cancel();
+  const grpc::Status waited = left.Join();
   // The model's queue place it held goes back with it, while the long step still runs: a call
   // is served beside that step.
   for (int i = 0; i < 5000 && Gauge("attnserve_sequence_requests_waiting") > 0; ++i) {
@@ -974,7 +977,7 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   const grpc::Status long_status = long_step.Join();
   EXPECT_TRUE(call.ok()) << call.error_message();
   ASSERT_TRUE(long_still_computing) << "the long step ended first: nothing waited";
-  EXPECT_EQ(waited.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << waited.error_message();
+  EXPECT_EQ(waited.error_code(), grpc::StatusCode::CANCELLED) << waited.error_message();
   ASSERT_TRUE(long_status.ok()) << long_status.error_message();
   ASSERT_TRUE(Infer(SequenceRequest(prompt, kLong + 4, 1, 11, false, true), &response).ok());
   const std::vector<float> got = RawOutput(response);
