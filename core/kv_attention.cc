@@ -13,7 +13,8 @@
 // no global flags) and portable; the widest the CPU has is chosen once at run time, as the
 // attention tiles are (attention_tiles_avx512.cc). The body works on 16-float vectors (GCC and
 // clang vector extensions), which each flavour lowers to its own registers: one zmm, two ymm or
-// four xmm.
+// four xmm. A fourth flavour, for CPUs with AVX512-BF16, multiplies a bf16 cache in bf16 with
+// intrinsics of its own (see AttendTileBf16Dot).
 
 // The helpers below pass 16-float vectors by value; they are always inlined, so GCC's note that
 // such a signature's ABI differs with and without AVX-512 concerns no call that exists.
@@ -262,6 +263,38 @@ template <typename T>
   AddValues(weights, values, rows, head_dim, correction, state.acc);
 }
 
+// Each (query, head) state of a tile starts empty, its weighted values in `acc`; returns the most
+// keys any query of the tile sees.
+[[gnu::always_inline]] inline int64_t StartStates(const KvQuery* queries, int64_t count,
+                                                  int64_t heads, int64_t head_dim, float* acc,
+                                                  HeadState* states) {
+  std::fill(acc, acc + count * heads * head_dim, 0.0f);
+  int64_t visible = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    visible = std::max(visible, queries[t].visible);
+    for (int64_t h = 0; h < heads; ++h) {
+      states[t * heads + h] = {-std::numeric_limits<float>::infinity(), 0.0f,
+                               acc + (t * heads + h) * head_dim};
+    }
+  }
+  return visible;
+}
+
+// Each query's output, heads first_head .., from the tile's states: the weighted values over the
+// softmax's sum (0 for a query that sees no key).
+[[gnu::always_inline]] inline void WriteOutputs(const KvQuery* queries, int64_t count,
+                                                int64_t first_head, int64_t heads, int64_t head_dim,
+                                                const HeadState* states) {
+  for (int64_t t = 0; t < count; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const HeadState& state = states[t * heads + h];
+      const float inverse = queries[t].visible > 0 ? 1.0f / state.running_sum : 0.0f;
+      float* out = queries[t].out + (first_head + h) * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = state.acc[d] * inverse;
+    }
+  }
+}
+
 // The most queries a tile takes, and the most dimensions (queries x heads x head_dim) and
 // (query, head) states a tile's group of heads spans: its state lives on the stack.
 constexpr int64_t kMaxTileQueries = 8;
@@ -280,16 +313,8 @@ template <typename T>
                                                   int64_t head_dim, float scale) {
   const KvSequence& kv = *queries[0].kv;
   alignas(64) float acc[kMaxTileDims];
-  std::fill(acc, acc + count * heads * head_dim, 0.0f);
   HeadState states[kMaxTileStates];
-  int64_t visible = 0;  // the most any query of the tile sees
-  for (int64_t t = 0; t < count; ++t) {
-    visible = std::max(visible, queries[t].visible);
-    for (int64_t h = 0; h < heads; ++h) {
-      states[t * heads + h] = {-std::numeric_limits<float>::infinity(), 0.0f,
-                               acc + (t * heads + h) * head_dim};
-    }
-  }
+  const int64_t visible = StartStates(queries, count, heads, head_dim, acc, states);
   const int64_t head_elements = kv.head_bytes() / static_cast<int64_t>(sizeof(T));
   for (int64_t start = 0; start < visible; start += kKvBlockTokens) {
     const int64_t block = start / kKvBlockTokens;
@@ -303,14 +328,7 @@ template <typename T>
       }
     }
   }
-  for (int64_t t = 0; t < count; ++t) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const HeadState& state = states[t * heads + h];
-      const float inverse = queries[t].visible > 0 ? 1.0f / state.running_sum : 0.0f;
-      float* out = queries[t].out + (first_head + h) * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) out[d] = state.acc[d] * inverse;
-    }
-  }
+  WriteOutputs(queries, count, first_head, heads, head_dim, states);
 }
 
 using AttendFn = void (*)(const KvQuery* queries, int64_t count, int64_t first_head, int64_t heads,
@@ -340,26 +358,29 @@ __attribute__((target("avx512f,avx2,fma"))) void AttendTileAvx512(const KvQuery*
 
 // The AVX512-BF16 flavour of the bf16 kernel: vdpbf16ps adds the products of a lane's two bf16s
 // to an f32, so a block's keys (dimension pairs) and values (row pairs) are used as stored, with
-// no widening. Its other operands are rounded to bf16 for it, as the bf16 attention tiles of a
-// one-shot call do: each query's head (once a tile) and each block's softmax weights; the scores,
-// the softmax and the sums stay f32. Every function here carries the target (an always-inline
-// helper with AVX512-BF16 cannot be inlined into the portable body above), so the tile loop is
-// written again for it.
+// no widening. Its other operands are rounded to bf16 for it, as in the bf16 attention tiles of a
+// one-shot call: each query's head (once a tile) and each block's softmax weights; the scores,
+// the softmax and the sums stay f32. Every function that uses the intrinsics carries the target
+// (an always-inline helper with AVX512-BF16 cannot be inlined into the portable body above), so
+// the tile's loop over blocks is written again for it; what it shares with the body has no
+// target and is inlined into both.
 #define ATTNSERVE_KV_BF16DOT \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 #define ATTNSERVE_KV_BF16DOT_INLINE \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma"), always_inline)) inline
 
-// n floats rounded (to nearest even) to bf16, in order, so that 32-bit word i holds elements 2i
-// and 2i + 1; an odd n's last word is padded with 0. Writes whole 16s: `out` has room for
-// (n + 15) / 16 * 16.
-ATTNSERVE_KV_BF16DOT_INLINE void RoundToBf16(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; i += 16) {
+// n floats rounded (to nearest even) to bf16 pairs, in order: word i of `out` holds elements 2i
+// and 2i + 1, the last of an odd n padded with 0. Writes (n + 1) / 2 words.
+ATTNSERVE_KV_BF16DOT_INLINE void RoundToBf16(const float* x, int64_t n, uint32_t* out) {
+  const int64_t elements = (n + 1) / 2 * 2;
+  for (int64_t i = 0; i < elements; i += 16) {
     const __mmask16 lanes = n - i >= 16 ? __mmask16{0xFFFF} : __mmask16((1u << (n - i)) - 1);
+    const __mmask16 written =
+        elements - i >= 16 ? __mmask16{0xFFFF} : __mmask16((1u << (elements - i)) - 1);
     const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes, x + i));
     __m256i bits;
     __builtin_memcpy(&bits, &rounded, sizeof(bits));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bits);
+    _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(out) + i, written, bits);
   }
 }
 
@@ -444,42 +465,40 @@ ATTNSERVE_KV_BF16DOT_INLINE void AddValuesDot(const uint32_t* w, const uint16_t*
     if (rows % 2 != 0) a = DotAdd(a, FirstHalves(values + pairs * pair_stride + 2 * c), w[pairs]);
     _mm512_storeu_ps(acc + c, a);
   }
-  const uint16_t* weights = reinterpret_cast<const uint16_t*>(w);
   for (; c < head_dim; ++c) {
     float a = acc[c] * correction;
     for (int64_t r = 0; r < rows; ++r) {
-      a += Widen(weights[r]) * Widen(values[r / 2 * pair_stride + 2 * c + r % 2]);
+      const auto weight = static_cast<uint16_t>(w[r / 2] >> (16 * (r % 2)));
+      a += Widen(weight) * Widen(values[r / 2 * pair_stride + 2 * c + r % 2]);
     }
     acc[c] = a;
   }
 }
 
-// AttendTileBody for a bf16 cache, with vdpbf16ps.
+// AttendTileBody for a bf16 cache, with vdpbf16ps (q_pairs' bound: Attend keeps count x heads x
+// head_dim <= kMaxTileDims and count x heads <= kMaxTileStates).
 ATTNSERVE_KV_BF16DOT void AttendTileBf16Dot(const KvQuery* queries, int64_t count,
                                             int64_t first_head, int64_t heads, int64_t head_dim,
                                             float scale) {
   const KvSequence& kv = *queries[0].kv;
   alignas(64) float acc[kMaxTileDims];
-  std::fill(acc, acc + count * heads * head_dim, 0.0f);
-  // Each query head rounded to bf16 pairs, (head_dim + 1) / 2 words apart.
-  const int64_t q_words = (head_dim + 1) / 2;
-  alignas(64) uint32_t q_pairs[(kMaxTileDims + kMaxTileStates) / 2 + 8];
   HeadState states[kMaxTileStates];
+  const int64_t visible = StartStates(queries, count, heads, head_dim, acc, states);
+  // Each query head rounded to bf16 pairs, (head_dim + 1) / 2 words apart: at most
+  // (count x heads x head_dim + count x heads) / 2 words.
+  const int64_t q_words = (head_dim + 1) / 2;
+  alignas(64) uint32_t q_pairs[(kMaxTileDims + kMaxTileStates) / 2];
+  for (int64_t t = 0; t < count; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      RoundToBf16(queries[t].q + (first_head + h) * head_dim, head_dim,
+                  q_pairs + (t * heads + h) * q_words);
+    }
+  }
   // A block's scores, rescale factors and weights (bf16 pairs) for kPhaseHeads heads of a query.
   constexpr int64_t kPhaseHeads = 16;
   __m512 scores[kPhaseHeads];
   float corrections[kPhaseHeads];
   alignas(64) uint32_t weights[kPhaseHeads * kKvBlockTokens / 2];
-  int64_t visible = 0;
-  for (int64_t t = 0; t < count; ++t) {
-    visible = std::max(visible, queries[t].visible);
-    for (int64_t h = 0; h < heads; ++h) {
-      states[t * heads + h] = {-std::numeric_limits<float>::infinity(), 0.0f,
-                               acc + (t * heads + h) * head_dim};
-      RoundToBf16(queries[t].q + (first_head + h) * head_dim, head_dim,
-                  reinterpret_cast<uint16_t*>(q_pairs + (t * heads + h) * q_words));
-    }
-  }
   const int64_t head_elements = kv.head_bytes() / static_cast<int64_t>(sizeof(uint16_t));
   for (int64_t start = 0; start < visible; start += kKvBlockTokens) {
     const int64_t block = start / kKvBlockTokens;
@@ -526,14 +545,7 @@ ATTNSERVE_KV_BF16DOT void AttendTileBf16Dot(const KvQuery* queries, int64_t coun
       }
     }
   }
-  for (int64_t t = 0; t < count; ++t) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const HeadState& state = states[t * heads + h];
-      const float inverse = queries[t].visible > 0 ? 1.0f / state.running_sum : 0.0f;
-      float* out = queries[t].out + (first_head + h) * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) out[d] = state.acc[d] * inverse;
-    }
-  }
+  WriteOutputs(queries, count, first_head, heads, head_dim, states);
 }
 #endif
 

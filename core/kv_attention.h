@@ -32,7 +32,8 @@ struct KvQuery {
 // few tiles to share among the threads. head_dim <= kMaxDecodeHeadDim (Layer::Decode checks),
 // and each query's cache has that head_dim.
 // Runs on the widest kernel this CPU has (AVX512-BF16, AVX-512, AVX2 with FMA, portable), or the
-// one ATTNSERVE_ATTENTION_KERNEL names. The AVX512-BF16 kernel multiplies a bf16 cache's keys and
+// one ATTNSERVE_ATTENTION_KERNEL names (a name this CPU does not run: the widest; the one-shot
+// attention tiles heed only "portable"). The AVX512-BF16 kernel multiplies a bf16 cache's keys and
 // values by each query and softmax weight rounded to bf16 (sums in f32); every other kernel
 // multiplies in f32 (a bf16 cache's values widened).
 void KvAttention(std::span<const KvQuery> queries, int64_t num_heads, int64_t head_dim,
