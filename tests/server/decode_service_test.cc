@@ -246,6 +246,8 @@ class DecodeServiceTest : public ::testing::Test {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       EXPECT_FALSE(answered_.load()) << "the step was answered without waiting for its turn";
+      EXPECT_GT(test.Gauge("attnserve_sequence_requests_waiting"), waiting_before)
+          << "the step was never seen waiting for its turn";
     }
     ~SentStep() { Join(); }
     // Its caller leaves: the call is cancelled.
@@ -953,7 +955,7 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   options.max_session_tokens = 16384;
   options.max_queue = 1;  // the one place the waiting step holds, given back with it
   Restart(options);
-  constexpr int64_t kLong = 10000;  // far longer to compute than the waiting step's deadline
+  constexpr int64_t kLong = 10000;  // far longer to compute than the waiting step's cancel takes
   const std::vector<float> prompt = LongPrompt(kLong + 5);
   // The row of the sequence's last token without the step taken back, from a Decode stream.
   const std::vector<float> want = RowOf(prompt, kLong + 4);
@@ -970,6 +972,7 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   for (int i = 0; i < 5000 && Gauge("attnserve_sequence_requests_waiting") > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  EXPECT_EQ(Gauge("attnserve_sequence_requests_waiting"), 0) << "the cancelled step still waits";
   v1::ForwardResponse forward_response;
   grpc::ClientContext forward_context;
   const grpc::Status call = stub_->Forward(&forward_context, DemoRequest(1, 1), &forward_response);

@@ -84,7 +84,7 @@ void HttpInferCall::Finish(const absl::Status& status) {
   std::lock_guard lock(mu_);
   status_ = status;
   done_ = true;
-  late_ = Clock::now() > deadline();
+  late_ = Clock::now() >= deadline();
   done_cv_.notify_one();
 }
 
@@ -95,17 +95,15 @@ absl::Status HttpInferCall::Wait() {
 
 absl::Status HttpInferCall::Wait(const std::function<void()>& at_deadline, absl::string_view late) {
   std::unique_lock lock(mu_);
-  // The deadline came with the call still running (not done when this thread looked last).
-  const bool outlived = !done_cv_.wait_until(lock, deadline(), [this] { return done_; });
-  if (outlived) {
+  if (!done_cv_.wait_until(lock, deadline(), [this] { return done_; })) {
     lock.unlock();
     at_deadline();
     lock.lock();
     done_cv_.wait(lock, [this] { return done_; });
   }
-  // Finished after its deadline (however soon this thread came to wait): answered as too late
-  // all the same, as gRPC's deadline is.
-  if (status_.ok() && (outlived || late_)) return absl::DeadlineExceededError(late);
+  // Finished after its deadline (however soon this thread came to wait; always so when it
+  // outlived the wait): answered as too late all the same, as gRPC's deadline is.
+  if (status_.ok() && late_) return absl::DeadlineExceededError(late);
   return status_;
 }
 
