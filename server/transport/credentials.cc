@@ -3,6 +3,8 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -27,12 +29,28 @@ absl::Status CheckPemFile(const std::string& flag, const std::string& path) {
   return absl::OkStatus();
 }
 
+// What gRPC core's hook is given, and owns (it outlives the C++ credentials, which the server
+// builder drops): the processor, and a lock that orders its making (on the thread that builds
+// the server) before its first use (on a gRPC thread). gRPC hands the pointer over inside
+// itself, out of a thread sanitizer's sight.
+struct ProcessorState {
+  std::mutex mu;
+  std::shared_ptr<grpc::AuthMetadataProcessor> processor;  // guarded by mu
+};
+
+void DestroyProcessorState(void* state) { delete static_cast<ProcessorState*>(state); }
+
 // Runs a C++ AuthMetadataProcessor from gRPC core's C hook, synchronously (our processor does
 // not block). It gets no AuthContext: a plaintext connection has no peer identity to show.
 void ProcessWithCppProcessor(void* state, grpc_auth_context* /*context*/, const grpc_metadata* md,
                              size_t num_md, grpc_process_auth_metadata_done_cb done,
                              void* user_data) {
-  auto* processor = static_cast<grpc::AuthMetadataProcessor*>(state);
+  grpc::AuthMetadataProcessor* processor;
+  {
+    auto* processor_state = static_cast<ProcessorState*>(state);
+    std::lock_guard lock(processor_state->mu);
+    processor = processor_state->processor.get();
+  }
   grpc::AuthMetadataProcessor::InputMetadata input;
   auto ref = [](const grpc_slice& s) {
     return grpc::string_ref(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(s)),
@@ -67,9 +85,13 @@ class PlaintextCredentialsWithAuth final : public grpc::ServerCredentials {
 
   void SetAuthMetadataProcessor(
       const std::shared_ptr<grpc::AuthMetadataProcessor>& processor) override {
-    processor_ = processor;  // kept alive here: core holds only the raw pointer
+    auto state = std::make_unique<ProcessorState>();
+    {
+      std::lock_guard lock(state->mu);
+      state->processor = processor;
+    }
     grpc_server_credentials_set_auth_metadata_processor(
-        c_creds_, {ProcessWithCppProcessor, nullptr, processor_.get()});
+        c_creds_, {ProcessWithCppProcessor, DestroyProcessorState, state.release()});
   }
 
  private:
@@ -78,7 +100,6 @@ class PlaintextCredentialsWithAuth final : public grpc::ServerCredentials {
   }
 
   grpc_server_credentials* c_creds_;
-  std::shared_ptr<grpc::AuthMetadataProcessor> processor_;
 };
 
 }  // namespace
