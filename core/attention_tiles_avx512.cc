@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "core/attention_tiles.h"
+#include "core/cpu_features.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ATTNSERVE_HAVE_AVX512_KERNELS 1
@@ -588,9 +589,7 @@ const TileKernels* Avx512TileKernels() {
 }
 
 const TileKernels* Avx512Bf16TileKernels() {
-  static const bool supported =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  static const bool supported = CpuHasAvx512Bf16();
   return supported ? &kAvx512Bf16Kernels : nullptr;
 }
 

@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "core/cpu_features.h"
+
 // One body, compiled three times: for AVX-512, for AVX2 + FMA (per-function target attributes,
 // no global flags) and portable; the widest the CPU has is chosen once at run time, as the
 // attention tiles are (attention_tiles_avx512.cc). The body works on 16-float vectors (GCC and
@@ -369,18 +371,20 @@ __attribute__((target("avx512f,avx2,fma"))) void AttendTileAvx512(const KvQuery*
 #define ATTNSERVE_KV_BF16DOT_INLINE \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma"), always_inline)) inline
 
+// The first n of 16 lanes (all of them for n >= 16).
+ATTNSERVE_KV_BF16DOT_INLINE __mmask16 FirstLanes(int64_t n) {
+  return n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1);
+}
+
 // n floats rounded (to nearest even) to bf16 pairs, in order: word i of `out` holds elements 2i
 // and 2i + 1, the last of an odd n padded with 0. Writes (n + 1) / 2 words.
 ATTNSERVE_KV_BF16DOT_INLINE void RoundToBf16(const float* x, int64_t n, uint32_t* out) {
   const int64_t elements = (n + 1) / 2 * 2;
   for (int64_t i = 0; i < elements; i += 16) {
-    const __mmask16 lanes = n - i >= 16 ? __mmask16{0xFFFF} : __mmask16((1u << (n - i)) - 1);
-    const __mmask16 written =
-        elements - i >= 16 ? __mmask16{0xFFFF} : __mmask16((1u << (elements - i)) - 1);
-    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes, x + i));
+    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(FirstLanes(n - i), x + i));
     __m256i bits;
     __builtin_memcpy(&bits, &rounded, sizeof(bits));
-    _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(out) + i, written, bits);
+    _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(out) + i, FirstLanes(elements - i), bits);
   }
 }
 
@@ -510,8 +514,7 @@ ATTNSERVE_KV_BF16DOT void AttendTileBf16Dot(const KvQuery* queries, int64_t coun
       // heads' dependency chains overlap: the 16 scores, then the online softmax (the weights
       // rounded to bf16 pairs), then the weighted values. (1.4 times as fast as a head at a time
       // from memory; the same order made the f32 kernel above slower.)
-      const __mmask16 lanes =
-          rows >= kKvBlockTokens ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+      const __mmask16 lanes = FirstLanes(rows);
       for (int64_t first = 0; first < heads; first += kPhaseHeads) {
         const int64_t n = std::min(kPhaseHeads, heads - first);
         HeadState* state = states + t * heads + first;
@@ -527,13 +530,10 @@ ATTNSERVE_KV_BF16DOT void AttendTileBf16Dot(const KvQuery* queries, int64_t coun
           corrections[h] = std::exp(state[h].running_max - block_max);
           state[h].running_max = block_max;
           // Rows past the visible ones hold whatever the block holds there: weighted 0.
-          const __m512 shifted = _mm512_maskz_sub_ps(lanes, scores[h], _mm512_set1_ps(block_max));
-          Floats16 exps;
-          __builtin_memcpy(&exps, &shifted, sizeof(exps));
+          Floats16 exps =
+              Floats16(_mm512_maskz_sub_ps(lanes, scores[h], _mm512_set1_ps(block_max)));
           Exp16(exps);
-          __m512 e;
-          __builtin_memcpy(&e, &exps, sizeof(e));
-          e = _mm512_maskz_mov_ps(lanes, e);
+          const __m512 e = _mm512_maskz_mov_ps(lanes, __m512(exps));
           state[h].running_sum = state[h].running_sum * corrections[h] + _mm512_reduce_add_ps(e);
           RoundToBf16(e, weights + h * kKvBlockTokens / 2);
         }
@@ -560,8 +560,7 @@ struct Flavour {
 std::vector<Flavour> Flavours() {
   std::vector<Flavour> flavours;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")) {
+  if (CpuHasAvx512Bf16()) {
     flavours.push_back({"avx512bf16", &AttendTileAvx512<float>, &AttendTileBf16Dot});
   }
   if (__builtin_cpu_supports("avx512f")) {
