@@ -1,6 +1,7 @@
 #include "tests/common/golden.h"
 
 #include <cmath>
+#include <exception>
 #include <fstream>
 #include <utility>
 
@@ -126,21 +127,74 @@ absl::StatusOr<GoldenCase> ParseCase(const std::string& dir, const Json& desc) {
   return c;
 }
 
-absl::StatusOr<std::vector<GoldenCase>> ParseManifest(const std::string& dir) {
+absl::StatusOr<Json> ReadManifest(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/manifest.json");
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the manifest"));
-  const Json manifest = Json::parse(in);
+  return Json::parse(in);
+}
+
+// The case `desc` with its tensors; a failure names the case.
+absl::StatusOr<GoldenCase> ParseNamedCase(const std::string& dir, const Json& desc) {
+  absl::StatusOr<GoldenCase> c = ParseCase(dir, desc);
+  if (!c.ok()) {
+    return absl::Status(c.status().code(), absl::StrCat("golden case '", desc.value("name", "?"),
+                                                        "': ", c.status().message()));
+  }
+  return c;
+}
+
+absl::StatusOr<std::vector<GoldenCase>> ParseManifest(const std::string& dir) {
+  absl::StatusOr<Json> manifest = ReadManifest(dir);
+  if (!manifest.ok()) return manifest.status();
   std::vector<GoldenCase> cases;
-  for (const Json& desc : manifest.at("cases")) {
-    absl::StatusOr<GoldenCase> c = ParseCase(dir, desc);
-    if (!c.ok()) {
-      return absl::Status(c.status().code(), absl::StrCat("golden case '", desc.value("name", "?"),
-                                                          "': ", c.status().message()));
-    }
+  for (const Json& desc : manifest->at("cases")) {
+    absl::StatusOr<GoldenCase> c = ParseNamedCase(dir, desc);
+    if (!c.ok()) return c.status();
     cases.push_back(*std::move(c));
   }
   return cases;
+}
+
+absl::StatusOr<std::vector<GoldenCaseEntry>> ParseEntries(const std::string& dir) {
+  absl::StatusOr<Json> manifest = ReadManifest(dir);
+  if (!manifest.ok()) return manifest.status();
+  std::vector<GoldenCaseEntry> entries;
+  for (const Json& desc : manifest->at("cases")) {
+    GoldenCaseEntry entry;
+    entry.name = desc.at("name").get<std::string>();
+    absl::StatusOr<core::AttentionKind> kind = ParseKind(desc.at("kind").get<std::string>());
+    if (!kind.ok()) return kind.status();
+    entry.kind = *kind;
+    const Json& input = desc.at("input");
+    const auto rows =
+        static_cast<int64_t>(input.at("lengths").size()) * input.at("seq_len").get<int64_t>();
+    entry.every_row_stored = !desc.contains("output_rows") ||
+                             static_cast<int64_t>(desc.at("output_rows").size()) == rows;
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
+
+absl::StatusOr<GoldenCase> ParseOneCase(const std::string& dir, const std::string& name) {
+  absl::StatusOr<Json> manifest = ReadManifest(dir);
+  if (!manifest.ok()) return manifest.status();
+  for (const Json& desc : manifest->at("cases")) {
+    if (desc.at("name").get<std::string>() == name) return ParseNamedCase(dir, desc);
+  }
+  return absl::NotFoundError(absl::StrCat(dir, "/manifest.json: no golden case '", name, "'"));
+}
+
+// `parse`(args...), a manifest that does not match what this code expects (nlohmann throws)
+// returned as a Status like every other failure.
+template <typename Parse, typename... Args>
+auto Guarded(const std::string& dir, Parse parse, const Args&... args)
+    -> decltype(parse(dir, args...)) {
+  try {
+    return parse(dir, args...);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/manifest.json: ", e.what()));
+  }
 }
 
 }  // namespace
@@ -156,14 +210,16 @@ std::vector<float> GoldenBatch::Packed() const {
 
 std::string FixturesDir() { return ATTNSERVE_FIXTURES_DIR; }
 
-// A manifest that does not match what this code expects throws inside nlohmann; it comes back
-// as a Status like every other failure.
 absl::StatusOr<std::vector<GoldenCase>> LoadGoldenCases(const std::string& dir) {
-  try {
-    return ParseManifest(dir);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, "/manifest.json: ", e.what()));
-  }
+  return Guarded(dir, ParseManifest);
+}
+
+absl::StatusOr<std::vector<GoldenCaseEntry>> ListGoldenCases(const std::string& dir) {
+  return Guarded(dir, ParseEntries);
+}
+
+absl::StatusOr<GoldenCase> LoadGoldenCase(const std::string& name, const std::string& dir) {
+  return Guarded(dir, ParseOneCase, name);
 }
 
 float FormulaValue(int64_t b, int64_t t, int64_t c, double phase) {

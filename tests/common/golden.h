@@ -67,6 +67,23 @@ std::string FixturesDir();
 // naming the case when a file is missing or a stored tensor has the wrong shape.
 absl::StatusOr<std::vector<GoldenCase>> LoadGoldenCases(const std::string& dir = FixturesDir());
 
+// A case as the manifest lists it, without reading its tensors: enough to choose and name the
+// tests of a parameterized suite, which gtest does at every start of the binary (and ctest starts
+// it once a test), before any test runs.
+struct GoldenCaseEntry {
+  std::string name;
+  core::AttentionKind kind = core::AttentionKind::kBidirectional;
+  bool every_row_stored = false;  // the expected output of every padded row (not a selection)
+};
+
+// The cases of `dir`/manifest.json, in its order.
+absl::StatusOr<std::vector<GoldenCaseEntry>> ListGoldenCases(
+    const std::string& dir = FixturesDir());
+
+// Loads the one case `name` of `dir`/manifest.json, as LoadGoldenCases would.
+absl::StatusOr<GoldenCase> LoadGoldenCase(const std::string& name,
+                                          const std::string& dir = FixturesDir());
+
 // The deterministic input of the long cases, which are too big to store:
 //   x[b, t, c] = float32(sin(0.013 * (t + 1) * (c + 1) + 0.7 * b + 0.1 * c + phase))
 // computed in double and rounded once; phase 0 for the input, 0.5 for the context.

@@ -24,26 +24,30 @@ using test::GoldenCase;
 
 constexpr float kTolerance = 1e-4f;
 
-// Every case, loaded once for the whole binary (the long cases take a moment to build).
-const std::vector<GoldenCase>& Cases() {
-  static const std::vector<GoldenCase>* cases = [] {
-    absl::StatusOr<std::vector<GoldenCase>> loaded = test::LoadGoldenCases();
-    if (!loaded.ok()) {
-      ADD_FAILURE() << loaded.status();
-      return new std::vector<GoldenCase>();
-    }
-    return new std::vector<GoldenCase>(*std::move(loaded));
-  }();
-  return *cases;
+// Every case with its tensors.
+std::vector<GoldenCase> Cases() {
+  absl::StatusOr<std::vector<GoldenCase>> loaded = test::LoadGoldenCases();
+  if (!loaded.ok()) {
+    ADD_FAILURE() << loaded.status();
+    return {};
+  }
+  return *std::move(loaded);
 }
 
+// A case by name, loaded on first use and kept for the binary's life: a test started alone (as
+// ctest starts each) reads only its own case, and the long ones take a moment to build.
 const GoldenCase& CaseNamed(const std::string& name) {
-  for (const GoldenCase& c : Cases()) {
-    if (c.name == name) return c;
+  static std::mutex mutex;
+  static auto* loaded = new std::map<std::string, GoldenCase>();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = loaded->find(name); it != loaded->end()) return it->second;
+  absl::StatusOr<GoldenCase> c = test::LoadGoldenCase(name);
+  if (!c.ok()) {
+    ADD_FAILURE() << c.status();
+    static const GoldenCase kNone;
+    return kNone;
   }
-  static const GoldenCase kNone;
-  ADD_FAILURE() << "no golden case " << name;
-  return kNone;
+  return loaded->emplace(name, *std::move(c)).first->second;
 }
 
 // One Layer per weights file and options, shared by every test that uses it, as a server would.
@@ -133,18 +137,25 @@ std::string TestName(const testing::TestParamInfo<std::string>& info) {
   return name;
 }
 
+// The names of the cases, from the manifest alone (gtest asks at every start of the binary).
 std::vector<std::string> CaseNames() {
+  absl::StatusOr<std::vector<test::GoldenCaseEntry>> entries = test::ListGoldenCases();
   std::vector<std::string> names;
-  for (const GoldenCase& c : Cases()) names.push_back(c.name);
+  if (!entries.ok()) {
+    ADD_FAILURE() << entries.status();
+    return names;
+  }
+  for (const test::GoldenCaseEntry& entry : *entries) names.push_back(entry.name);
   return names;
 }
 
 class GoldenTest : public testing::TestWithParam<std::string> {};
 
 TEST(GoldenFixturesTest, LoadAndCoverEveryLayoutAndKind) {
-  ASSERT_GE(Cases().size(), 40u);
+  const std::vector<GoldenCase> cases = Cases();
+  ASSERT_GE(cases.size(), 40u);
   std::map<std::string, int> per_kind;
-  for (const GoldenCase& c : Cases()) ++per_kind[std::string(KindName(c.kind))];
+  for (const GoldenCase& c : cases) ++per_kind[std::string(KindName(c.kind))];
   EXPECT_EQ(per_kind.size(), 4u);
 }
 
