@@ -34,7 +34,8 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
   a grpcio + PyTorch server that batches every waiting stream's step into one matmul and keeps a
   KV cache per session: tokens/s of each and attnserve / peer (target >= 5x), each row beside its
   memory-bound ceiling, so the ceiling / the peer's tokens/s says how far ahead of the peer any
-  server could be on this machine. --peer-only runs this section alone. The peer needs
+  server could be on this machine; the two servers alternate three times, and each figure is
+  the median of its three. --peer-only runs this section alone. The peer needs
   python3-torch with OpenBLAS (libopenblas0-openmp).
 """
 import argparse
@@ -413,41 +414,46 @@ def arrivals_p99(bench, model, steps, arrival, what):
     return alone, busy
 
 
-def peer_rows(server_bin, client_bin, build, workdir, layer, n, prompt, steps):
+def peer_rows(server_bin, client_bin, build, workdir, layer, n, prompt, steps, reps):
     """Sessions' tokens/s of attnserve and of the PyTorch peer, one server at a time, for n
     streams of one sequence and one stream of B = n on the 768-wide layer, each row beside its
     memory-bound ceiling (as ceiling_rows): the peer's share of it bounds how far any server can
-    be ahead of the peer on this machine (ceiling / peer)."""
+    be ahead of the peer on this machine (ceiling / peer). The two servers alternate `reps` times
+    and each figure is the median of its runs: attnserve's rows move with the memory's
+    bandwidth, which moves by a quarter within a minute here."""
     shapes = ((n, 1), (1, n))
     per_token = cache_bytes(WIDE, 4, prompt, steps)
     tps, ceiling = {}, {}
-    for who in ("attnserve", "peer"):
-        server = (Server(server_bin, workdir, [f"wide={layer}:num_heads=12"],
-                         ["--kv-cache-mib", "8192"]) if who == "attnserve"
-                  else PeerServer(build, workdir, "wide", layer))
-        bench = Bench(client_bin, server.target)
-        try:
-            bench.decode("wide", 2, 2, 32, 4)  # a warm-up: first calls' setup out of the timing
-            for sessions, batch in shapes:
-                r, bandwidth = beside_copies(
-                    lambda: bench.decode("wide", sessions, batch, prompt, steps))
-                key = who, sessions, batch
-                tps[key] = r["decode"]["tokens_per_second"]
-                ceiling[key] = bandwidth / per_token
-                print(f"  {who:9s} wide prompt {prompt:4d} {sessions:2d} sessions x B={batch:2d}: "
-                      f"{tps[key]:9.0f} tokens/s, step p99 "
-                      f"{r['decode']['inter_token_latency_ms']['p99']:.1f} ms, "
-                      f"{tps[key] / ceiling[key]:.3f} of the ceiling", flush=True)
-        finally:
-            server.stop()
+    for rep in range(reps):
+        for who in ("attnserve", "peer"):
+            server = (Server(server_bin, workdir, [f"wide={layer}:num_heads=12"],
+                             ["--kv-cache-mib", "8192"]) if who == "attnserve"
+                      else PeerServer(build, workdir, "wide", layer))
+            bench = Bench(client_bin, server.target)
+            try:
+                bench.decode("wide", 2, 2, 32, 4)  # a warm-up: first calls' setup, untimed
+                for sessions, batch in shapes:
+                    r, bandwidth = beside_copies(
+                        lambda: bench.decode("wide", sessions, batch, prompt, steps))
+                    key = who, sessions, batch
+                    tps.setdefault(key, []).append(r["decode"]["tokens_per_second"])
+                    ceiling.setdefault(key, []).append(bandwidth / per_token)
+                    print(f"  {rep + 1}/{reps} {who:9s} wide prompt {prompt:4d} {sessions:2d} "
+                          f"sessions x B={batch:2d}: {tps[key][-1]:9.0f} tokens/s, step p99 "
+                          f"{r['decode']['inter_token_latency_ms']['p99']:.1f} ms, "
+                          f"{tps[key][-1] / ceiling[key][-1]:.3f} of the ceiling", flush=True)
+            finally:
+                server.stop()
     rows = []
     for sessions, batch in shapes:
-        ours, peer = tps["attnserve", sessions, batch], tps["peer", sessions, batch]
-        most = ceiling["peer", sessions, batch] / peer
+        ours = median(tps["attnserve", sessions, batch])
+        peer = median(tps["peer", sessions, batch])
+        most = median([c / t for c, t in zip(ceiling["peer", sessions, batch],
+                                             tps["peer", sessions, batch])])
         rows.append((prompt, f"{sessions}x B={batch}", ours, peer, most))
-        print(f"  attnserve / peer, {sessions:2d} sessions x B={batch:2d}: {ours:.0f} / "
-              f"{peer:.0f} = {ours / peer:.1f}x (the ceiling beside the peer's row is "
-              f"{most:.1f}x the peer's tokens/s)", flush=True)
+        print(f"  attnserve / peer, {sessions:2d} sessions x B={batch:2d}, medians of {reps}: "
+              f"{ours:.0f} / {peer:.0f} = {ours / peer:.1f}x (the ceiling beside the peer's row "
+              f"is {most:.1f}x the peer's tokens/s)", flush=True)
     return rows
 
 
@@ -566,14 +572,15 @@ def main():
             other_sections(table, args, server_bin, client_bin, workdir, layer, steps, lengths)
         print("peer: PyTorch KV-cache server (768-wide, f32):", flush=True)
         table["peer"] = peer_rows(server_bin, client_bin, args.build, workdir, layer, peer_n,
-                                  peer_prompt, peer_steps)
+                                  peer_prompt, peer_steps, reps=1 if args.quick else 3)
 
     print("\n| measure | value | target |\n|---|---|---|")
     if not args.peer_only:
         print_other_rows(table)
     for prompt, how, ours, peer, most in table["peer"]:
-        print(f"| attnserve / PyTorch KV-cache server tokens/s, 768-wide, prompt {prompt}, "
-              f"{peer_steps} steps, {how} | {ours:.0f} / {peer:.0f} = {ours / peer:.1f}x | "
+        print(f"| attnserve / PyTorch KV-cache server tokens/s (medians), 768-wide, prompt "
+              f"{prompt}, {peer_steps} steps, {how} | {ours:.0f} / {peer:.0f} = "
+              f"{ours / peer:.1f}x | "
               f">= 5x |")
         print(f"| the memory-bound ceiling / the peer's tokens/s (the most any server can be "
               f"ahead), {how} | {most:.1f}x | (measured ceiling) |")
