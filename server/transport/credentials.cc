@@ -4,7 +4,6 @@
 #include <iterator>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -30,12 +29,9 @@ absl::Status CheckPemFile(const std::string& flag, const std::string& path) {
 }
 
 // What gRPC core's hook is given, and owns (it outlives the C++ credentials, which the server
-// builder drops): the processor, and a lock that orders its making (on the thread that builds
-// the server) before its first use (on a gRPC thread). gRPC hands the pointer over inside
-// itself, out of a thread sanitizer's sight.
+// builder drops): the processor, set before the port exists and only read after.
 struct ProcessorState {
-  std::mutex mu;
-  std::shared_ptr<grpc::AuthMetadataProcessor> processor;  // guarded by mu
+  std::shared_ptr<grpc::AuthMetadataProcessor> processor;
 };
 
 void DestroyProcessorState(void* state) { delete static_cast<ProcessorState*>(state); }
@@ -45,12 +41,7 @@ void DestroyProcessorState(void* state) { delete static_cast<ProcessorState*>(st
 void ProcessWithCppProcessor(void* state, grpc_auth_context* /*context*/, const grpc_metadata* md,
                              size_t num_md, grpc_process_auth_metadata_done_cb done,
                              void* user_data) {
-  grpc::AuthMetadataProcessor* processor;
-  {
-    auto* processor_state = static_cast<ProcessorState*>(state);
-    std::lock_guard lock(processor_state->mu);
-    processor = processor_state->processor.get();
-  }
+  grpc::AuthMetadataProcessor* processor = static_cast<ProcessorState*>(state)->processor.get();
   grpc::AuthMetadataProcessor::InputMetadata input;
   auto ref = [](const grpc_slice& s) {
     return grpc::string_ref(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(s)),
@@ -86,10 +77,7 @@ class PlaintextCredentialsWithAuth final : public grpc::ServerCredentials {
   void SetAuthMetadataProcessor(
       const std::shared_ptr<grpc::AuthMetadataProcessor>& processor) override {
     auto state = std::make_unique<ProcessorState>();
-    {
-      std::lock_guard lock(state->mu);
-      state->processor = processor;
-    }
+    state->processor = processor;
     grpc_server_credentials_set_auth_metadata_processor(
         c_creds_, {ProcessWithCppProcessor, DestroyProcessorState, state.release()});
   }
