@@ -1,8 +1,6 @@
 #include "server/transport/listener_watchdog.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -10,33 +8,23 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include "server/observability/logging.h"
+#include "server/transport/listening_sockets.h"
 
 namespace attnserve::server {
 namespace {
 
-// The port a socket is bound to, and its address (a wildcard turned into loopback: where a
-// probe reaches it); -1 when it is not a listening TCP socket.
-int ListeningPort(int fd, sockaddr_storage* addr, socklen_t* addr_len) {
-  int listening = 0;
-  socklen_t len = sizeof(listening);
-  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) return -1;
-  *addr_len = sizeof(*addr);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(addr), addr_len) != 0) return -1;
+// Where a probe reaches an address: a wildcard turned into loopback.
+void WildcardToLoopback(sockaddr_storage* addr) {
   if (addr->ss_family == AF_INET) {
     auto* a4 = reinterpret_cast<sockaddr_in*>(addr);
     if (a4->sin_addr.s_addr == htonl(INADDR_ANY)) a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    return ntohs(a4->sin_port);
-  }
-  if (addr->ss_family == AF_INET6) {
+  } else if (addr->ss_family == AF_INET6) {
     auto* a6 = reinterpret_cast<sockaddr_in6*>(addr);
     if (IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr)) a6->sin6_addr = in6addr_loopback;
-    return ntohs(a6->sin6_port);
   }
-  return -1;
 }
 
 // Connections waiting in `fd`'s accept queue (for a listening socket, tcpi_unacked).
@@ -54,20 +42,12 @@ std::unique_ptr<ListenerWatchdog> ListenerWatchdog::Start(int port,
                                                           std::chrono::milliseconds deadline,
                                                           std::function<void()> on_deaf) {
   std::unique_ptr<ListenerWatchdog> watchdog(new ListenerWatchdog);
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir != nullptr) {
-    while (dirent* entry = readdir(dir)) {
-      const int fd = std::atoi(entry->d_name);
-      sockaddr_storage addr{};
-      socklen_t addr_len = 0;
-      if (fd > 2 && fd != dirfd(dir) && ListeningPort(fd, &addr, &addr_len) == port) {
-        watchdog->listen_fds_.push_back(fd);
-        watchdog->probe_addr_ = addr;
-        watchdog->probe_addr_len_ = addr_len;
-      }
-    }
-    closedir(dir);
+  for (const ListeningSocket& socket : ListeningSocketsOn(port)) {
+    watchdog->listen_fds_.push_back(socket.fd);
+    watchdog->probe_addr_ = socket.address;
+    watchdog->probe_addr_len_ = socket.address_len;
   }
+  WildcardToLoopback(&watchdog->probe_addr_);
   if (watchdog->listen_fds_.empty()) {
     Log(LogLevel::kWarn, "listener watchdog off: no listening socket found", {{"port", port}});
     return nullptr;

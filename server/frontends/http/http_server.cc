@@ -1,13 +1,10 @@
 #include "server/frontends/http/http_server.h"
 
 #include <civetweb.h>
-#include <dirent.h>
-#include <netinet/in.h>
 #include <strings.h>
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <vector>
@@ -18,6 +15,7 @@
 #include "server/frontends/http/http_status.h"
 #include "server/frontends/http/oip_routes.h"
 #include "server/observability/logging.h"
+#include "server/transport/listening_sockets.h"
 
 namespace attnserve::server {
 namespace {
@@ -176,36 +174,6 @@ void CivetExchange::Reply(int status, absl::string_view content_type, absl::stri
   for (const auto& piece : more) mg_write(connection_, piece.data(), piece.size());
 }
 
-// Wakes civetweb's listener thread for mg_stop. That thread waits for connections in poll() with
-// a 2 s timeout and looks at mg_stop's flag only between waits, so mg_stop took up to 2 s on an
-// idle port. A listening socket shut down for reading is readable at once, which ends that wait:
-// accept() then fails (civetweb ignores it) until the flag is seen. civetweb keeps its socket to
-// itself, so it is found among the process's descriptors: the listening one bound to `port`.
-void WakeListener(int port) {
-  DIR* fds = opendir("/proc/self/fd");
-  if (fds == nullptr) return;  // mg_stop just takes its 2 s
-  while (const dirent* entry = readdir(fds)) {
-    const int fd = std::atoi(entry->d_name);
-    if (fd <= 2 || fd == dirfd(fds)) continue;
-    int listening = 0;
-    socklen_t size = sizeof(listening);
-    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || listening == 0) {
-      continue;
-    }
-    sockaddr_storage address{};
-    size = sizeof(address);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) != 0) continue;
-    int bound = -1;
-    if (address.ss_family == AF_INET) {
-      bound = ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
-    } else if (address.ss_family == AF_INET6) {
-      bound = ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
-    }
-    if (bound == port) shutdown(fd, SHUT_RD);
-  }
-  closedir(fds);
-}
-
 }  // namespace
 
 HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
@@ -271,7 +239,11 @@ HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::Stop() {
   if (context_ == nullptr) return;
-  WakeListener(port_);
+  // civetweb's listener thread waits for connections in poll() with a 2 s timeout and looks at
+  // mg_stop's flag only between waits, so mg_stop took up to 2 s on an idle port. A listening
+  // socket shut down for reading is readable at once, which ends that wait: accept() then fails
+  // (civetweb ignores it) until the flag is seen. (Without /proc, mg_stop takes its 2 s.)
+  for (const ListeningSocket& socket : ListeningSocketsOn(port_)) shutdown(socket.fd, SHUT_RD);
   mg_stop(context_);
   context_ = nullptr;
   cutter_.Stop();  // after: requests still reading their bodies are cut at their deadlines
