@@ -18,7 +18,7 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
 - the ceiling with the load tester on the same cores (prompt 512, 768-wide): per token, the
   client's CPU, gRPC's own server CPU per message (grpc_floor, 16 streams in flight) and the
   attention's memory time on every core must fit in the cores' time; the sessions' tokens/s as
-  a share of that;
+  a share of that (medians of three alternations);
 - recompute: the same generation done by Forward over the whole prefix each step, one
   sequence, 768-wide, prompts 128, 512 and 2048 (target >= 20x at 512);
 - server CPU (/proc/PID/stat utime + stime) per 1-token streamed step / per unary 1x1 Forward
@@ -249,43 +249,52 @@ def engine_rows(build, precision, element_bytes, lengths, steps):
 
 
 def shared_cores_rows(server, bench, floor_message_cpu, name, inner, element_bytes, prompt, n,
-                      steps):
+                      steps, reps):
     """The same machine also runs the load tester, and each streamed message costs gRPC its own
     server CPU: with 64 streams of one sequence these take cores from the memory-bound attention.
     Per token, the cores must give the client's CPU (measured: a run of `steps` less a run of
     one step, so the prefill cancels), gRPC's floor per message (grpc_floor) and the attention's
     memory time on both cores (at the copy bandwidth beside the run, as ceiling_rows); tokens/s
     <= cores / their sum. Printed beside the sessions' tokens/s, for n streams of B = 1 and one
-    stream of B = n, with the server's CPU per token."""
+    stream of B = n, with the server's CPU per token. The two alternate `reps` times; each figure
+    is the median of its reps (its share of the ceiling, the median of the reps' shares)."""
     cores = len(os.sched_getaffinity(0))
+    shapes = ((n, 1), (1, n))
+    measured = {shape: [] for shape in shapes}
+    for _ in range(reps):
+        for sessions, batch in shapes:
+            cpu = {}
+            before = copy_bandwidth()
+            for k in (steps, 1):
+                client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                server_before = server.cpu_seconds()
+                r = bench.decode(name, sessions, batch, prompt, k)
+                client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu[k] = (server.cpu_seconds() - server_before,
+                          client_after.ru_utime + client_after.ru_stime - client_before.ru_utime -
+                          client_before.ru_stime, r["decode"]["tokens_per_second"])
+            bandwidth = max(before, copy_bandwidth())
+            memory_cpu = cores * cache_bytes(inner, element_bytes, prompt, steps) / bandwidth
+            tokens = sessions * batch * (steps - 1)
+            server_cpu = (cpu[steps][0] - cpu[1][0]) / tokens
+            # One stream of B = n sends few messages: its client's share is below what the
+            # prompts' runs vary by, and the difference can come out negative. None is counted
+            # then (a negative share would raise the ceiling).
+            client_cpu = max(cpu[steps][1] - cpu[1][1], 0.0) / tokens
+            ceiling = cores / (client_cpu + floor_message_cpu / batch + memory_cpu)
+            tps = cpu[steps][2]
+            measured[(sessions, batch)].append((tps, ceiling, server_cpu, client_cpu))
+            print(f"  shared cores: {name} prompt {prompt} {sessions:2d} sessions x B={batch:2d}: "
+                  f"{tps:9.0f} tokens/s; per token: server CPU {server_cpu * 1e6:.0f} us, client "
+                  f"CPU {client_cpu * 1e6:.0f} us, gRPC floor {floor_message_cpu / batch * 1e6:.1f}"
+                  f" us, memory {memory_cpu * 1e6:.0f} us of {cores} cores -> ceiling "
+                  f"{ceiling:9.0f} tokens/s, {tps / ceiling:.3f} of it", flush=True)
     rows = []
-    for sessions, batch in ((n, 1), (1, n)):
-        cpu = {}
-        before = copy_bandwidth()
-        for k in (steps, 1):
-            client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            server_before = server.cpu_seconds()
-            r = bench.decode(name, sessions, batch, prompt, k)
-            client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu[k] = (server.cpu_seconds() - server_before,
-                      client_after.ru_utime + client_after.ru_stime - client_before.ru_utime -
-                      client_before.ru_stime, r["decode"]["tokens_per_second"])
-        bandwidth = max(before, copy_bandwidth())
-        memory_cpu = cores * cache_bytes(inner, element_bytes, prompt, steps) / bandwidth
-        tokens = sessions * batch * (steps - 1)
-        server_cpu = (cpu[steps][0] - cpu[1][0]) / tokens
-        # One stream of B = n sends few messages: its client's share is below what the prompts'
-        # runs vary by, and the difference can come out negative. None is counted then (a
-        # negative share would raise the ceiling).
-        client_cpu = max(cpu[steps][1] - cpu[1][1], 0.0) / tokens
-        ceiling = cores / (client_cpu + floor_message_cpu / batch + memory_cpu)
-        tps = cpu[steps][2]
-        rows.append((name, prompt, f"{sessions}x B={batch}", tps, ceiling, server_cpu, client_cpu))
-        print(f"  shared cores: {name} prompt {prompt} {sessions:2d} sessions x B={batch:2d}: "
-              f"{tps:9.0f} tokens/s; per token: server CPU {server_cpu * 1e6:.0f} us, client CPU "
-              f"{client_cpu * 1e6:.0f} us, gRPC floor {floor_message_cpu / batch * 1e6:.1f} us, "
-              f"memory {memory_cpu * 1e6:.0f} us of {cores} cores -> ceiling {ceiling:9.0f} "
-              f"tokens/s, {tps / ceiling:.3f} of it", flush=True)
+    for (sessions, batch), runs in measured.items():
+        tps, ceiling, server_cpu, client_cpu = (median([run[i] for run in runs]) for i in range(4))
+        share = median([run[0] / run[1] for run in runs])
+        rows.append((name, prompt, f"{sessions}x B={batch}", tps, ceiling, share, server_cpu,
+                     client_cpu))
     return rows
 
 
@@ -480,7 +489,8 @@ def other_sections(table, args, server_bin, client_bin, workdir, layer, steps, l
                       flush=True)
                 table["shared"] = shared_cores_rows(server, bench, table["floor"][16][0],
                                                     "wide", WIDE, element_bytes, lengths[0][0],
-                                                    lengths[0][1], steps)
+                                                    lengths[0][1], steps,
+                                                    reps=1 if args.quick else 3)
                 print("against recompute (768-wide, one sequence):", flush=True)
                 table["recompute"] = recompute_rows(bench, "wide", [128, 512, 2048], steps)
                 print("serving cost (demo layer):", flush=True)
@@ -516,10 +526,10 @@ def print_other_rows(table):
             print(f"| the same with its projections beside its attention (the --overlap bound) | "
                   f"{tps / ceiling:.3f} x {overlap:.3f} = {tps * overlap / ceiling:.3f} | "
                   f"(as near as overlapping the two could bring it) |")
-    for name, prompt, how, tps, ceiling, server_cpu, client_cpu in table["shared"]:
+    for name, prompt, how, tps, ceiling, share, server_cpu, client_cpu in table["shared"]:
         print(f"| {name} f32, prompt {prompt}, {how}: tokens/s / shared-cores ceiling (client "
-              f"{client_cpu * 1e6:.0f} us + gRPC floor + memory, per token) | {tps:.0f} / "
-              f"{ceiling:.0f} = {tps / ceiling:.3f} | (measured ceiling) |")
+              f"{client_cpu * 1e6:.0f} us + gRPC floor + memory, per token; medians) | "
+              f"{tps:.0f} / {ceiling:.0f}: {share:.3f} | (measured ceiling) |")
     for prompt, session, recompute in table["recompute"]:
         print(f"| session / recompute, 768-wide, prompt {prompt} | "
               f"{session:.0f} / {recompute:.1f} = {session / recompute:.1f}x | "
