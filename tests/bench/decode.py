@@ -248,6 +248,39 @@ def engine_rows(build, precision, element_bytes, lengths, steps):
     return rows
 
 
+def shared_cores_run(server, bench, floor_message_cpu, name, inner, element_bytes, prompt,
+                     sessions, batch, steps):
+    """One run of shared_cores_rows for `sessions` streams of B = `batch`: its tokens/s, its
+    ceiling and its client's CPU per token, printed with the server's."""
+    cores = len(os.sched_getaffinity(0))
+    cpu = {}
+    before = copy_bandwidth()
+    for k in (steps, 1):
+        client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        server_before = server.cpu_seconds()
+        r = bench.decode(name, sessions, batch, prompt, k)
+        client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu[k] = (server.cpu_seconds() - server_before,
+                  client_after.ru_utime + client_after.ru_stime - client_before.ru_utime -
+                  client_before.ru_stime, r["decode"]["tokens_per_second"])
+    bandwidth = max(before, copy_bandwidth())
+    memory_cpu = cores * cache_bytes(inner, element_bytes, prompt, steps) / bandwidth
+    tokens = sessions * batch * (steps - 1)
+    server_cpu = (cpu[steps][0] - cpu[1][0]) / tokens
+    # One stream of B = n sends few messages: its client's share is below what the prompts'
+    # runs vary by, and the difference can come out negative. None is counted then (a
+    # negative share would raise the ceiling).
+    client_cpu = max(cpu[steps][1] - cpu[1][1], 0.0) / tokens
+    ceiling = cores / (client_cpu + floor_message_cpu / batch + memory_cpu)
+    tps = cpu[steps][2]
+    print(f"  shared cores: {name} prompt {prompt} {sessions:2d} sessions x B={batch:2d}: "
+          f"{tps:9.0f} tokens/s; per token: server CPU {server_cpu * 1e6:.0f} us, client CPU "
+          f"{client_cpu * 1e6:.0f} us, gRPC floor {floor_message_cpu / batch * 1e6:.1f} us, "
+          f"memory {memory_cpu * 1e6:.0f} us of {cores} cores -> ceiling {ceiling:9.0f} "
+          f"tokens/s, {tps / ceiling:.3f} of it", flush=True)
+    return tps, ceiling, client_cpu
+
+
 def shared_cores_rows(server, bench, floor_message_cpu, name, inner, element_bytes, prompt, n,
                       steps, reps):
     """The same machine also runs the load tester, and each streamed message costs gRPC its own
@@ -258,43 +291,18 @@ def shared_cores_rows(server, bench, floor_message_cpu, name, inner, element_byt
     <= cores / their sum. Printed beside the sessions' tokens/s, for n streams of B = 1 and one
     stream of B = n, with the server's CPU per token. The two alternate `reps` times; each figure
     is the median of its reps (its share of the ceiling, the median of the reps' shares)."""
-    cores = len(os.sched_getaffinity(0))
     shapes = ((n, 1), (1, n))
-    measured = {shape: [] for shape in shapes}
+    runs = {shape: [] for shape in shapes}
     for _ in range(reps):
         for sessions, batch in shapes:
-            cpu = {}
-            before = copy_bandwidth()
-            for k in (steps, 1):
-                client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                server_before = server.cpu_seconds()
-                r = bench.decode(name, sessions, batch, prompt, k)
-                client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                cpu[k] = (server.cpu_seconds() - server_before,
-                          client_after.ru_utime + client_after.ru_stime - client_before.ru_utime -
-                          client_before.ru_stime, r["decode"]["tokens_per_second"])
-            bandwidth = max(before, copy_bandwidth())
-            memory_cpu = cores * cache_bytes(inner, element_bytes, prompt, steps) / bandwidth
-            tokens = sessions * batch * (steps - 1)
-            server_cpu = (cpu[steps][0] - cpu[1][0]) / tokens
-            # One stream of B = n sends few messages: its client's share is below what the
-            # prompts' runs vary by, and the difference can come out negative. None is counted
-            # then (a negative share would raise the ceiling).
-            client_cpu = max(cpu[steps][1] - cpu[1][1], 0.0) / tokens
-            ceiling = cores / (client_cpu + floor_message_cpu / batch + memory_cpu)
-            tps = cpu[steps][2]
-            measured[(sessions, batch)].append((tps, ceiling, server_cpu, client_cpu))
-            print(f"  shared cores: {name} prompt {prompt} {sessions:2d} sessions x B={batch:2d}: "
-                  f"{tps:9.0f} tokens/s; per token: server CPU {server_cpu * 1e6:.0f} us, client "
-                  f"CPU {client_cpu * 1e6:.0f} us, gRPC floor {floor_message_cpu / batch * 1e6:.1f}"
-                  f" us, memory {memory_cpu * 1e6:.0f} us of {cores} cores -> ceiling "
-                  f"{ceiling:9.0f} tokens/s, {tps / ceiling:.3f} of it", flush=True)
+            runs[sessions, batch].append(
+                shared_cores_run(server, bench, floor_message_cpu, name, inner, element_bytes,
+                                 prompt, sessions, batch, steps))
     rows = []
-    for (sessions, batch), runs in measured.items():
-        tps, ceiling, server_cpu, client_cpu = (median([run[i] for run in runs]) for i in range(4))
-        share = median([run[0] / run[1] for run in runs])
-        rows.append((name, prompt, f"{sessions}x B={batch}", tps, ceiling, share, server_cpu,
-                     client_cpu))
+    for (sessions, batch), measured in runs.items():
+        tps, ceiling, client_cpu = (median([run[i] for run in measured]) for i in range(3))
+        share = median([run[0] / run[1] for run in measured])
+        rows.append((name, prompt, f"{sessions}x B={batch}", tps, ceiling, share, client_cpu))
     return rows
 
 
@@ -526,7 +534,7 @@ def print_other_rows(table):
             print(f"| the same with its projections beside its attention (the --overlap bound) | "
                   f"{tps / ceiling:.3f} x {overlap:.3f} = {tps * overlap / ceiling:.3f} | "
                   f"(as near as overlapping the two could bring it) |")
-    for name, prompt, how, tps, ceiling, share, server_cpu, client_cpu in table["shared"]:
+    for name, prompt, how, tps, ceiling, share, client_cpu in table["shared"]:
         print(f"| {name} f32, prompt {prompt}, {how}: tokens/s / shared-cores ceiling (client "
               f"{client_cpu * 1e6:.0f} us + gRPC floor + memory, per token; medians) | "
               f"{tps:.0f} / {ceiling:.0f}: {share:.3f} | (measured ceiling) |")
