@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <numbers>
@@ -167,7 +168,14 @@ void RunKeyBlocks(const AttentionProblem& p, const Rows& t, int vecs, const Keys
     kernels.accumulate(s.scores_t, vecs, num_keys, KeyAt(kv.v, j0, kv.v_stride, bytes), kv.v_stride,
                        static_cast<int>(d), s.alpha, s.out_t);
   }
-  for (int r = 0; r < kTileRows; ++r) s.inv_sum[r] = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;
+  // A row that saw keys and whose maximum never rose above kNoKeyYet saw only scores that
+  // overflowed float32 (to -inf): its weights mean nothing, and a NaN makes the output's
+  // finiteness check refuse the call. A row that saw no key has sum 0 and gets 0.
+  for (int r = 0; r < kTileRows; ++r) {
+    s.inv_sum[r] = key_end > 0 && !(s.max[r] > kNoKeyYet)
+                       ? std::numeric_limits<float>::quiet_NaN()
+                       : (s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f);
+  }
 }
 
 // Recomputes the scores of the tile block by block with the final max and sum and writes the
@@ -210,7 +218,6 @@ void RunTile(const AttentionProblem& p, const Rows& t, const KeysValues& kv,
   kernels.pack_queries(q, p.q_stride, static_cast<int>(t.rows), vecs, static_cast<int>(d),
                        p.scale * std::numbers::log2e_v<float>, s.q_t);
   RunKeyBlocks(p, t, vecs, kv, kernels, s);
-  // A row that saw no key has sum 0, inv_sum 0, and gets 0.
   float* out = p.out + (p.q_offsets[t.b] + t.row0) * p.out_stride + t.h * d;
   kernels.store_output(s.out_t, s.inv_sum, static_cast<int>(t.rows), static_cast<int>(d), out,
                        p.out_stride);

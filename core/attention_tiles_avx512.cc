@@ -43,9 +43,11 @@ namespace {
 
 // 2^x for x <= 0, relative error below 2e-7: x = n + f with |f| <= 1/2, a degree-5 minimax
 // polynomial for 2^f, and vscalefps for the 2^n (which flushes tiny results to 0 without
-// needing exponent bit tricks). x is clamped at -120 so that 2^x never becomes denormal.
+// needing exponent bit tricks). x is clamped at -120 so that 2^x never becomes denormal; a NaN
+// stays NaN (vmaxps returns its second operand when one is NaN), so that a score that overflowed
+// float32 reaches the output and the call is refused rather than answered without that key.
 ATTNSERVE_AVX512_INLINE __m512 Exp2(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-120.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-120.0f), x);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
   __m512 p = _mm512_set1_ps(1.3266979925e-03f);

@@ -301,6 +301,48 @@ TEST_P(AttentionKernelTest, EmptyBatchAndEmptySequencesWriteNothingWrong) {
   Check(c, "empty");
 }
 
+// Scores that overflow float32 (queries and keys near 1e20) leave their row not finite (NaN or
+// infinite), so that the layer's finiteness check refuses the call, rather than a finite answer
+// without the keys whose scores overflowed: a score of +inf (sequence 0), a NaN from products of
+// both signs (sequence 1; their exact sum overflows too), every score -inf (sequence 2). The keys
+// that overflow lie in the second 64-key block; the rows of the other sequences stay finite.
+TEST_P(AttentionKernelTest, ScoresThatOverflowFloat32LeaveTheirRowNotFinite) {
+  const internal::TileKernels* kernels = Kernels();
+  if (kernels == nullptr) GTEST_SKIP() << "this CPU lacks " << GetParam();
+  Case c;
+  c.q_lengths = {20, 20, 20, 20};
+  c.kv_lengths = {70, 70, 70, 70};
+  c.num_heads = 1;
+  c.head_dim = 16;
+  c.seed = 81;
+  Problem pr;
+  Build(c, pr);
+  const AttentionProblem& p = pr.p;
+  constexpr int64_t kRow = 5, kKey = 66;
+  auto q_row = [&](int64_t b) { return pr.qkv.data() + (p.q_offsets[b] + kRow) * p.q_stride; };
+  auto k_row = [&](int64_t b, int64_t j) {
+    return pr.kv.data() + (p.kv_offsets[b] + j) * p.k_stride;
+  };
+  for (int64_t b = 0; b < 3; ++b) {
+    for (int64_t d = 0; d < c.head_dim; ++d) q_row(b)[d] = b == 1 && d >= 12 ? -1e20f : 1e20f;
+  }
+  for (int64_t d = 0; d < c.head_dim; ++d) {
+    k_row(0, kKey)[d] = 1e20f;
+    k_row(1, kKey)[d] = 1e20f;
+    for (int64_t j = 0; j < c.kv_lengths[2]; ++j) k_row(2, j)[d] = -1e20f;
+  }
+  internal::RunAttentionWith(p, *kernels, std::numeric_limits<int64_t>::max());
+  auto row_finite = [&](int64_t b, int64_t i) {
+    const float* out = pr.out.data() + (p.q_offsets[b] + i) * p.out_stride;
+    return std::all_of(out, out + c.head_dim, [](float x) { return std::isfinite(x); });
+  };
+  for (int64_t b = 0; b < 4; ++b) {
+    for (int64_t i = 0; i < c.q_lengths[b]; ++i) {
+      EXPECT_EQ(row_finite(b, i), b == 3 || i != kRow) << "sequence " << b << " row " << i;
+    }
+  }
+}
+
 TEST_P(AttentionKernelTest, LongCausalSequence) {
   // 4096 tokens: the oracle works row by row, never holding [S, S].
   Case c;
