@@ -245,9 +245,9 @@ struct HeadState {
 // the online softmax's rescale once, then the weighted values (AddValues).
 template <typename T>
 [[gnu::always_inline]] inline void AttendBlock(const float* q, const T* keys, int64_t rows,
-                                               int64_t head_dim, float scale, HeadState& state) {
+                                               int64_t head_dim, HeadState& state) {
   const T* values = keys + KeyElements<T>(head_dim);
-  Floats16 scores = Scores(q, keys, head_dim) * scale;
+  Floats16 scores = Scores(q, keys, head_dim);
   float block_max = state.running_max;
   for (int64_t r = 0; r < rows; ++r) block_max = std::max(block_max, scores[r]);
   // Rows past the visible ones hold whatever the block holds there: never used, but kept
@@ -317,6 +317,13 @@ template <typename T>
   alignas(64) float acc[kMaxTileDims];
   HeadState states[kMaxTileStates];
   const int64_t visible = StartStates(queries, count, heads, head_dim, acc, states);
+  // The queries times the scale, as Forward's tiles take them: the scores then overflow float32
+  // where Forward's do, not sooner.
+  alignas(64) float scaled[kMaxTileDims];
+  for (int64_t t = 0; t < count; ++t) {
+    const float* q = queries[t].q + first_head * head_dim;
+    for (int64_t e = 0; e < heads * head_dim; ++e) scaled[t * heads * head_dim + e] = q[e] * scale;
+  }
   const int64_t head_elements = kv.head_bytes() / static_cast<int64_t>(sizeof(T));
   for (int64_t start = 0; start < visible; start += kKvBlockTokens) {
     const int64_t block = start / kKvBlockTokens;
@@ -325,8 +332,8 @@ template <typename T>
       const int64_t rows = std::min(kKvBlockTokens, queries[t].visible - start);
       if (rows <= 0) continue;
       for (int64_t h = 0; h < heads; ++h) {
-        AttendBlock<T>(queries[t].q + (first_head + h) * head_dim, part + h * head_elements, rows,
-                       head_dim, scale, states[t * heads + h]);
+        AttendBlock<T>(scaled + (t * heads + h) * head_dim, part + h * head_elements, rows,
+                       head_dim, states[t * heads + h]);
       }
     }
   }
@@ -376,12 +383,15 @@ ATTNSERVE_KV_BF16DOT_INLINE __mmask16 FirstLanes(int64_t n) {
   return n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1);
 }
 
-// n floats rounded (to nearest even) to bf16 pairs, in order: word i of `out` holds elements 2i
-// and 2i + 1, the last of an odd n padded with 0. Writes (n + 1) / 2 words.
-ATTNSERVE_KV_BF16DOT_INLINE void RoundToBf16(const float* x, int64_t n, uint32_t* out) {
+// n floats times `factor`, rounded (to nearest even) to bf16 pairs, in order: word i of `out`
+// holds elements 2i and 2i + 1, the last of an odd n padded with 0. Writes (n + 1) / 2 words.
+ATTNSERVE_KV_BF16DOT_INLINE void RoundToBf16(const float* x, int64_t n, float factor,
+                                             uint32_t* out) {
   const int64_t elements = (n + 1) / 2 * 2;
   for (int64_t i = 0; i < elements; i += 16) {
-    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(FirstLanes(n - i), x + i));
+    const __m512 scaled =
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(FirstLanes(n - i), x + i), _mm512_set1_ps(factor));
+    const __m256bh rounded = _mm512_cvtneps_pbh(scaled);
     __m256i bits;
     __builtin_memcpy(&bits, &rounded, sizeof(bits));
     _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(out) + i, FirstLanes(elements - i), bits);
@@ -488,13 +498,14 @@ ATTNSERVE_KV_BF16DOT void AttendTileBf16Dot(const KvQuery* queries, int64_t coun
   alignas(64) float acc[kMaxTileDims];
   HeadState states[kMaxTileStates];
   const int64_t visible = StartStates(queries, count, heads, head_dim, acc, states);
-  // Each query head rounded to bf16 pairs, (head_dim + 1) / 2 words apart: at most
+  // Each query head times the scale (as in AttendTileBody), rounded to bf16 pairs,
+  // (head_dim + 1) / 2 words apart: at most
   // (count x heads x head_dim + count x heads) / 2 words.
   const int64_t q_words = (head_dim + 1) / 2;
   alignas(64) uint32_t q_pairs[(kMaxTileDims + kMaxTileStates) / 2];
   for (int64_t t = 0; t < count; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
-      RoundToBf16(queries[t].q + (first_head + h) * head_dim, head_dim,
+      RoundToBf16(queries[t].q + (first_head + h) * head_dim, head_dim, scale,
                   q_pairs + (t * heads + h) * q_words);
     }
   }
@@ -520,9 +531,8 @@ ATTNSERVE_KV_BF16DOT void AttendTileBf16Dot(const KvQuery* queries, int64_t coun
         HeadState* state = states + t * heads + first;
         const uint16_t* keys = part + first * head_elements;
         for (int64_t h = 0; h < n; ++h) {
-          scores[h] = _mm512_mul_ps(ScoresDot(q_pairs + (t * heads + first + h) * q_words,
-                                              keys + h * head_elements, head_dim),
-                                    _mm512_set1_ps(scale));
+          scores[h] = ScoresDot(q_pairs + (t * heads + first + h) * q_words,
+                                keys + h * head_elements, head_dim);
         }
         for (int64_t h = 0; h < n; ++h) {
           const float block_max =

@@ -126,4 +126,10 @@ class Layer {
 absl::Status CheckOutputFinite(const RaggedBatch& input, std::span<const float> output,
                                int64_t width);
 
+// Whether every value is finite (no NaN, no infinity): one vectorised pass.
+bool AllFinite(std::span<const float> values);
+
+// The refusal of an output that is not finite (CheckOutputFinite's), naming `sequence`.
+absl::Status OutputNotFinite(int64_t sequence);
+
 }  // namespace attnserve::core

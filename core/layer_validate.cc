@@ -183,26 +183,31 @@ absl::Status Layer::ValidateBatch(const RaggedBatch& batch, bool context, const 
                  : CheckBatch(what, batch, spec.d_model, "d_model");
 }
 
+bool AllFinite(std::span<const float> values) {
+  // Infinities and NaNs are the floats whose exponent bits are all set: an integer OR over the
+  // values vectorises (a float sum would not, its order being fixed), about 0.8 us for 4096.
+  uint32_t non_finite = 0;
+  for (const float value : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    non_finite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return non_finite == 0;
+}
+
+absl::Status OutputNotFinite(int64_t sequence) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("sequence ", sequence,
+                   ": the output is not finite: the layer overflowed float32 on its inputs "
+                   "(values this large cannot be computed; scale them down)"));
+}
+
 absl::Status CheckOutputFinite(const RaggedBatch& input, std::span<const float> output,
                                int64_t width) {
   const float* row = output.data();
   for (int64_t b = 0; b < input.batch(); ++b) {
     const int64_t count = input.lengths[b] * width;
-    // Infinities and NaNs are the floats whose exponent bits are all set: an integer OR over
-    // the rows vectorises (a float sum would not, its order being fixed), about 0.8 us for a
-    // 16 x 256 output.
-    uint32_t non_finite = 0;
-    for (int64_t e = 0; e < count; ++e) {
-      uint32_t bits;
-      std::memcpy(&bits, row + e, sizeof(bits));
-      non_finite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-    }
-    if (non_finite != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", b,
-                       ": the output is not finite: the layer overflowed float32 on its "
-                       "inputs (values this large cannot be computed; scale them down)"));
-    }
+    if (!AllFinite({row, static_cast<size_t>(count)})) return OutputNotFinite(b);
     row += input.packed() ? count : input.padded_length * width;
   }
   return absl::OkStatus();

@@ -176,13 +176,16 @@ absl::StatusOr<std::vector<GoldenCaseEntry>> ParseEntries(const std::string& dir
   return entries;
 }
 
-absl::StatusOr<GoldenCase> ParseOneCase(const std::string& dir, const std::string& name) {
+// The case `name` of the manifest's list `list` ("cases" or "large_values").
+absl::StatusOr<GoldenCase> ParseOneCase(const std::string& dir, const std::string& name,
+                                        const std::string& list) {
   absl::StatusOr<Json> manifest = ReadManifest(dir);
   if (!manifest.ok()) return manifest.status();
-  for (const Json& desc : manifest->at("cases")) {
+  for (const Json& desc : manifest->at(list)) {
     if (desc.at("name").get<std::string>() == name) return ParseNamedCase(dir, desc);
   }
-  return absl::NotFoundError(absl::StrCat(dir, "/manifest.json: no golden case '", name, "'"));
+  return absl::NotFoundError(
+      absl::StrCat(dir, "/manifest.json: no golden case '", name, "' in \"", list, "\""));
 }
 
 // `parse`(args...), a manifest that does not match what this code expects (nlohmann throws)
@@ -219,7 +222,11 @@ absl::StatusOr<std::vector<GoldenCaseEntry>> ListGoldenCases(const std::string& 
 }
 
 absl::StatusOr<GoldenCase> LoadGoldenCase(const std::string& name, const std::string& dir) {
-  return Guarded(dir, ParseOneCase, name);
+  return Guarded(dir, ParseOneCase, name, std::string("cases"));
+}
+
+absl::StatusOr<GoldenCase> LoadLargeValuesCase(const std::string& name, const std::string& dir) {
+  return Guarded(dir, ParseOneCase, name, std::string("large_values"));
 }
 
 float FormulaValue(int64_t b, int64_t t, int64_t c, double phase) {

@@ -84,6 +84,12 @@ absl::StatusOr<std::vector<GoldenCaseEntry>> ListGoldenCases(
 absl::StatusOr<GoldenCase> LoadGoldenCase(const std::string& name,
                                           const std::string& dir = FixturesDir());
 
+// Loads the case `name` of the manifest's "large_values" list: causal cases whose inputs reach
+// 1e17 (scores near 1e34, outputs near 1e17), kept out of the cases every suite runs because their
+// expectations hold relative to each row's magnitude, not within an absolute tolerance.
+absl::StatusOr<GoldenCase> LoadLargeValuesCase(const std::string& name,
+                                               const std::string& dir = FixturesDir());
+
 // The deterministic input of the long cases, which are too big to store:
 //   x[b, t, c] = float32(sin(0.013 * (t + 1) * (c + 1) + 0.7 * b + 0.1 * c + phase))
 // computed in double and rounded once; phase 0 for the input, 0.5 for the context.

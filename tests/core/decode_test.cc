@@ -45,11 +45,10 @@ struct Sequence {
   int64_t position = 0;
 };
 
-// A golden case (its name the parameter) stepped through Layer::Decode.
-class DecodeTest : public ::testing::TestWithParam<std::string> {
+// A golden case stepped through Layer::Decode.
+class SessionSteps : public ::testing::Test {
  protected:
-  void SetUp() override {
-    absl::StatusOr<GoldenCase> loaded = test::LoadGoldenCase(GetParam());
+  void Load(absl::StatusOr<GoldenCase> loaded) {
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     case_ = *std::move(loaded);
     const GoldenCase& c = case_;
@@ -88,7 +87,8 @@ class DecodeTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Steps every sequence from its position to its length, `first` tokens in the first step and
-  // `step` after, all sequences in one Decode call per step; checks each returned row.
+  // `step` after, all sequences in one Decode call per step; checks each returned row (within
+  // `tolerance`, times the row's largest expected magnitude when over 1 if relative_).
   void Run(std::vector<Sequence>& sequences, int64_t first, int64_t step, float tolerance) {
     const GoldenCase& c = case_;
     const int64_t width = c.d_output;
@@ -125,9 +125,10 @@ class DecodeTest : public ::testing::TestWithParam<std::string> {
         const int64_t n = static_cast<int64_t>(outputs[b].size()) / width;
         for (int64_t t = 0; t < n; ++t) {
           const int64_t row = static_cast<int64_t>(b) * c.input.seq_len + s.position + t;
+          const float row_tolerance = tolerance * RowScale(row);
           for (int64_t k = 0; k < width; ++k) {
             const float want = c.expected_output[row * width + k];
-            ASSERT_NEAR(outputs[b][t * width + k], want, tolerance)
+            ASSERT_NEAR(outputs[b][t * width + k], want, row_tolerance)
                 << "sequence " << b << " position " << s.position + t << " column " << k;
           }
         }
@@ -136,10 +137,27 @@ class DecodeTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
+  // 1, or (relative_) the largest expected magnitude of padded output row `row` when over 1.
+  float RowScale(int64_t row) const {
+    const int64_t width = case_.d_output;
+    float scale = 1.0f;
+    for (int64_t k = 0; relative_ && k < width; ++k) {
+      scale = std::max(scale, std::abs(case_.expected_output[row * width + k]));
+    }
+    return scale;
+  }
+
   GoldenCase case_;
+  bool relative_ = false;
   std::shared_ptr<const Layer> layer_;
   KvCacheBudget budget_{int64_t{1} << 30};
   std::atomic<int64_t> bytes_{0};
+};
+
+// The manifest's cases, each its own test.
+class DecodeTest : public SessionSteps, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override { Load(test::LoadGoldenCase(GetParam())); }
 };
 
 TEST_P(DecodeTest, PrefillThenOneTokenAStepMatchesPyTorch) {
@@ -189,6 +207,46 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeTest, ::testing::ValuesIn(DecodeCases()
                                '_');
                            return name;
                          });
+
+// Inputs that reach 1e17 (a token of each sequence): scores near 1e34, the softmax as sharp as it
+// gets, outputs near 1e17. A session's steps and one Forward both give PyTorch's rows, within
+// float32 rounding of each row's magnitude: large values within float32's range are computed,
+// not refused.
+class LargeValuesTest : public SessionSteps {
+ protected:
+  void SetUp() override {
+    relative_ = true;
+    Load(test::LoadLargeValuesCase("torch_mha/causal/large_values"));
+  }
+};
+
+TEST_F(LargeValuesTest, SessionStepsMatchPyTorch) {
+  std::vector<Sequence> one_a_step = Open(KvPrecision::kF32);
+  Run(one_a_step, /*first=*/2, /*step=*/1, 1e-4f);
+  std::vector<Sequence> several_a_step = Open(KvPrecision::kF32);
+  Run(several_a_step, /*first=*/1, /*step=*/4, 1e-4f);
+}
+
+TEST_F(LargeValuesTest, ForwardMatchesPyTorch) {
+  const GoldenCase& c = case_;
+  ForwardArgs args;
+  args.kind = c.kind;
+  args.input =
+      RaggedBatch{c.input.values.data(), c.input.width, c.input.lengths, c.input.seq_len, {}};
+  ASSERT_TRUE(layer_->Validate(args).ok());
+  std::vector<float> output(layer_->Shapes(args).output_size(), std::nanf(""));
+  ASSERT_TRUE(layer_->Forward(args, output, {}).ok());
+  for (int64_t b = 0; b < c.input.batch; ++b) {
+    for (int64_t t = 0; t < c.input.lengths[b]; ++t) {
+      const int64_t row = b * c.input.seq_len + t;
+      for (int64_t k = 0; k < c.d_output; ++k) {
+        ASSERT_NEAR(output[row * c.d_output + k], c.expected_output[row * c.d_output + k],
+                    1e-4f * RowScale(row))
+            << "sequence " << b << " position " << t << " column " << k;
+      }
+    }
+  }
+}
 
 // A causal cross step whose queries see context rows not projected yet (or that names no
 // context length) is refused, not answered from what happens to be there.
@@ -329,13 +387,16 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
         const bool bf16_products = flavour == "avx512bf16" && precision == KvPrecision::kBF16;
         std::vector<float> q(width), out(width, -1.0f);
         for (int64_t c = 0; c < width; ++c) q[c] = value_at(c, 3);
+        // The kernels multiply the query by the scale first; bf16 products round that.
+        const double exact_scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+        const auto kernel_scale = static_cast<float>(exact_scale);
         auto query_element = [&](float x) {
-          return bf16_products ? stored(x) : static_cast<double>(x);
+          return bf16_products ? stored(x * kernel_scale) / exact_scale : static_cast<double>(x);
         };
         for (const int64_t visible : {int64_t{1}, kKvBlockTokens, kLength}) {
           const KvQuery query{q.data(), out.data(), &cache, visible};
-          const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-          KvAttentionWith(flavour, {&query, 1}, heads, head_dim, static_cast<float>(scale));
+          const double scale = exact_scale;
+          KvAttentionWith(flavour, {&query, 1}, heads, head_dim, kernel_scale);
           for (int64_t h = 0; h < heads; ++h) {
             std::vector<double> weights(visible);
             double top = -1e300, sum = 0;
@@ -387,6 +448,52 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
                                         << " query " << i / width << " element " << i % width;
         }
         EXPECT_EQ(tiled[width], 0.0f);  // the query that sees nothing
+      }
+    }
+  }
+}
+
+// Scores that overflow float32 (finite keys and queries near 1e20) make the head's output NaN
+// or infinite in every flavour, never a finite answer without the keys they belong to: the
+// caller's finiteness check then refuses the step, as Forward's refuses its call. A score of
+// +inf, a NaN (products of both signs overflowing, their exact sum too), and every score -inf.
+TEST(KvAttentionTest, ScoresThatOverflowFloat32LeaveTheOutputNotFinite) {
+  constexpr int64_t kHeads = 2, kHeadDim = 16, kWidth = kHeads * kHeadDim;
+  constexpr int64_t kLength = 2 * kKvBlockTokens + 3;  // the overflow in the second block
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  for (const std::string& flavour : KvAttentionFlavours()) {
+    for (const KvPrecision precision : {KvPrecision::kF32, KvPrecision::kBF16}) {
+      struct Overflow {
+        const char* what;
+        float key_sign;  // keys 0 .. kLength - 1 of head 0: small, but key 20 (or all) huge
+        bool every_key;  // every key of head 0 huge (else key 20 alone)
+        bool mixed;      // the query's last 4 dimensions negative (products of both signs)
+      };
+      for (const Overflow& o :
+           {Overflow{"+inf", 1.0f, false, false}, Overflow{"NaN", 1.0f, false, true},
+            Overflow{"every score -inf", -1.0f, true, false}}) {
+        KvCacheBudget budget(int64_t{1} << 30);
+        KvSequence cache(kWidth, kHeadDim, precision, &budget);
+        ASSERT_TRUE(cache.Reserve(kLength).ok());
+        for (int64_t t = 0; t < kLength; ++t) {
+          std::vector<float> key(kWidth), value(kWidth);
+          for (int64_t c = 0; c < kWidth; ++c) {
+            key[c] = static_cast<float>(std::sin(0.37 * static_cast<double>(t * kWidth + c)));
+            value[c] = static_cast<float>(std::cos(0.53 * static_cast<double>(t * kWidth + c)));
+            if (c < kHeadDim && (o.every_key || t == 20)) key[c] = o.key_sign * 1e20f;
+          }
+          cache.Write(t, key.data(), value.data());
+        }
+        std::vector<float> q(kWidth, 0.5f), out(kWidth, 0.0f);
+        for (int64_t c = 0; c < kHeadDim; ++c) q[c] = o.mixed && c >= 12 ? -1e20f : 1e20f;
+        const KvQuery query{q.data(), out.data(), &cache, kLength};
+        KvAttentionWith(flavour, {&query, 1}, kHeads, kHeadDim, scale);
+        EXPECT_FALSE(std::all_of(out.begin(), out.begin() + kHeadDim,
+                                 [](float x) { return std::isfinite(x); }))
+            << flavour << " bf16 " << (precision == KvPrecision::kBF16) << ": " << o.what;
+        EXPECT_TRUE(std::all_of(out.begin() + kHeadDim, out.end(),
+                                [](float x) { return std::isfinite(x); }))
+            << flavour << ": the other head";
       }
     }
   }
