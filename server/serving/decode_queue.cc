@@ -5,9 +5,11 @@
 #include <exception>
 #include <limits>
 #include <set>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/layer.h"
 #include "core/layer_limits.h"
 #include "server/observability/metrics.h"
 
@@ -83,7 +85,7 @@ void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(abs
     }
   }
   if (!queued) {  // closed since the session checked: the step is answered as not run
-    GiveBack(*session);
+    GiveBack(*session, step.done_tokens);
     step.done(absl::UnavailableError("the server is shutting down"));
     return;
   }
@@ -101,6 +103,7 @@ void DecodeQueue::ReleaseWaitingStep() {
 
 void DecodeQueue::Cancel(Session* session, const absl::Status& why) {
   std::function<void(absl::Status)> done;
+  std::vector<int64_t> done_tokens;
   {
     std::lock_guard lock(mu_);
     for (auto it = pending_.begin(); it != pending_.end(); ++it) {
@@ -110,22 +113,23 @@ void DecodeQueue::Cancel(Session* session, const absl::Status& why) {
         return;
       }
       done = std::move(it->done);
+      done_tokens = std::move(it->done_tokens);
       pending_.erase(it);
       break;
     }
     if (pending_.empty() && !running_) idle_cv_.notify_all();
   }
   if (!done) return;
-  // What the step reserved goes back: the session is unchanged but for finished chunks.
-  GiveBack(*session);
+  GiveBack(*session, done_tokens);
   done(why);
 }
 
-void DecodeQueue::GiveBack(Session& session) {
+void DecodeQueue::GiveBack(Session& session, const std::vector<int64_t>& done_tokens) {
   {
-    // The step is not answered yet: no other step of the session can have reserved room since.
+    // The step is not answered yet: no other step of the session can have run or reserved room
+    // since.
     std::lock_guard session_lock(session.mu_);
-    for (auto& cache : session.caches_) cache->Shrink();
+    session.Rewind(done_tokens);
   }
   if (metrics_ != nullptr) metrics_->SetKvCacheBytes(kv_bytes_);
 }
@@ -249,7 +253,7 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   }
   if (!dropped.empty()) {
     for (Pending& step : dropped) {
-      GiveBack(*step.session);
+      GiveBack(*step.session, step.done_tokens);
       step.done(absl::UnavailableError(
           "the server shut down before this step could run to its end (--shutdown-grace)"));
     }
@@ -374,8 +378,21 @@ void DecodeQueue::RunNext(Clock::time_point now) {
   int64_t tokens = 0;
   for (const core::DecodeSequence& seq : run) tokens += seq.tokens;
   if (metrics_ != nullptr && status.ok()) metrics_->DecodeRun(tokens);
+  // Each step's answer: the run's, or (as Forward's) a refusal of an output that overflowed
+  // float32, for that step alone.
+  std::vector<absl::Status> outcome(steps.size(), status);
+  const int64_t out_width = layer->spec().d_output();
+  for (size_t k = 0; status.ok() && k < run.size(); ++k) {
+    absl::Status& step_outcome = outcome[step_of[k]];
+    const std::span<const float> rows(run[k].output, run[k].tokens * out_width);
+    if (step_outcome.ok() && !core::AllFinite(rows)) {
+      step_outcome = core::OutputNotFinite(static_cast<int64_t>(sequence_of[k]));
+    }
+  }
   // Each step's sequences move on by what this run computed; a step done frees the blocks it
-  // reserved and did not use, and a context projected to its end its rows.
+  // reserved and did not use, and a context projected to its end its rows. A step that failed
+  // goes back to where it began, its earlier chunks included: its message is answered with an
+  // error, and the session is as it was before it (but for a truncate_to it asked for).
   std::vector<bool> finished(steps.size());
   size_t k = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -387,26 +404,29 @@ void DecodeQueue::RunNext(Clock::time_point now) {
       step.session->positions_[sequence_of[k]] += run[k].tokens;
     }
     step.session->DropProjectedContext();
-    finished[i] = !status.ok() || Finished(step);
-    if (finished[i]) {
+    finished[i] = !outcome[i].ok() || Finished(step);
+    if (!outcome[i].ok()) {
+      step.session->Rewind(step.done_tokens);
+    } else if (finished[i]) {
       for (auto& cache : step.session->caches_) cache->Shrink();
     }
   }
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> answers;
-  std::vector<Session*> stopped;  // answered before their end: their room goes back first
+  // Answered before their end, with what each had run: they go back first.
+  std::vector<std::pair<Session*, std::vector<int64_t>>> stopped;
   {
     std::lock_guard lock(mu_);
     for (size_t i = 0; i < steps.size(); ++i) {
       steps[i]->running = false;
       if (!finished[i] && steps[i]->stop.ok()) continue;
-      answers.emplace_back(std::move(steps[i]->done), finished[i] ? status : steps[i]->stop);
+      answers.emplace_back(std::move(steps[i]->done), finished[i] ? outcome[i] : steps[i]->stop);
       steps[i]->answered = true;
-      if (!finished[i]) stopped.push_back(steps[i]->session);
+      if (!finished[i]) stopped.emplace_back(steps[i]->session, std::move(steps[i]->done_tokens));
     }
     pending_.remove_if([](const Pending& step) { return step.answered; });
   }
   if (metrics_ != nullptr) metrics_->SetKvCacheBytes(kv_bytes_);
-  for (Session* session : stopped) GiveBack(*session);
+  for (auto& [session, done_tokens] : stopped) GiveBack(*session, done_tokens);
   for (auto& [done, answer] : answers) done(answer);
   EndRun();
 }

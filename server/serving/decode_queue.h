@@ -87,9 +87,9 @@ class DecodeQueue final : public RunQueue {
   void AddChunk(Pending& step, int64_t* budget, int64_t* reads,
                 std::vector<core::DecodeSequence>* run, std::vector<size_t>* sequence_of) const;
   static bool Finished(const Pending& step);
-  // A step of `session` answered without running whole: the cache room it reserved and did not
-  // fill goes back.
-  void GiveBack(Session& session);
+  // A step of `session` answered without running whole, after `done_tokens` of each sequence
+  // had run: the session goes back to where the step began (Session::Rewind).
+  void GiveBack(Session& session, const std::vector<int64_t>& done_tokens);
   // After a run's (or a drain's) answers: the queue is idle again unless steps wait.
   void EndRun();
   // A step of a few tokens a sequence (generation), as against a prompt's prefill.

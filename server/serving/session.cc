@@ -188,6 +188,14 @@ void Session::DropProjectedContext() {
   charged_bytes_ -= freed;
 }
 
+void Session::Rewind(const std::vector<int64_t>& done_tokens) {
+  for (size_t b = 0; b < positions_.size(); ++b) {
+    positions_[b] -= done_tokens[b];
+    if (kind_ == core::AttentionKind::kCausal) caches_[b]->Rewind(positions_[b]);
+  }
+  for (auto& cache : caches_) cache->Shrink();
+}
+
 absl::Status Session::ReserveAll(const std::vector<int64_t>& lengths) {
   if (kind_ != core::AttentionKind::kCausal) return absl::OkStatus();
   int64_t more = 0;  // what the whole step takes, for the refusal to say

@@ -124,6 +124,10 @@ class Session {
   void Run(StepArgs args, std::function<void(absl::Status)> done);
   // Frees each sequence's context rows (and their charge) once they are all projected; mu_ held.
   void DropProjectedContext();
+  // A step that computed `done_tokens` of each sequence is answered without them (refused, or
+  // cut short): each sequence goes back to where the step began, and the blocks that position
+  // does not need go back to the pool; mu_ held.
+  void Rewind(const std::vector<int64_t>& done_tokens);
   // A step is answered: the next waiting one that is taken begins (the refused are answered
   // so), else the session is idle again. Before the step's own answer, which may end the
   // session.

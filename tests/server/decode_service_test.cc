@@ -865,6 +865,79 @@ TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
   EXPECT_EQ(SessionMessages("demo", "NOT_FOUND"), 1);
 }
 
+// A step whose output overflows float32 (finite tokens near 1e30 make the scores overflow) is
+// refused as Forward refuses the same tokens, and changes nothing: neither the chunks of its
+// prompt that ran before the overflow nor the cache. Through ModelInfer as well.
+TEST_F(DecodeServiceTest, AStepWhoseOutputOverflowsFloat32IsRefusedAndChangesNothing) {
+  ServerOptions options;
+  options.max_session_tokens = 16384;
+  Restart(options);
+  const std::string overflow = "the output is not finite";
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = OpenWithFirstTokens(&context);
+  // 3000 tokens (runs of 256 a sequence), the last one huge: refused after 11 chunks ran.
+  std::vector<float> prompt = LongPrompt(3000);
+  std::fill(prompt.end() - kWidth, prompt.end(), 1e30f);
+  const double tokens_before = Counter("attnserve_decode_tokens_total");
+  v1::DecodeResponse refused = Exchange(*stream, StepOf({prompt.data()}, {0}, {3000}, kWidth));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_NE(refused.error_message().find(overflow), std::string::npos) << refused.error_message();
+  EXPECT_FALSE(refused.has_output());
+  ASSERT_EQ(refused.positions_size(), 1);
+  EXPECT_EQ(refused.positions(0), 4);
+  EXPECT_GE(Counter("attnserve_decode_tokens_total") - tokens_before, 2816)
+      << "the prompt's chunks before the last did not run";
+  // One huge token alone: the same.
+  v1::DecodeRequest huge;
+  *huge.mutable_input() = MakeTensor({1, 1, kWidth}, std::vector<float>(kWidth, 1e20f), true);
+  refused = Exchange(*stream, huge);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_EQ(refused.positions(0), 4);
+
+  // Forward over the sequence's first 4 tokens and the huge one is refused the same way.
+  std::vector<float> five(sequence_.begin(), sequence_.begin() + 4 * kWidth);
+  five.insert(five.end(), kWidth, 1e20f);
+  v1::ForwardRequest whole;
+  whole.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  *whole.mutable_input() = MakeTensor({1, 5, kWidth}, five, true);
+  v1::ForwardResponse forward;
+  grpc::ClientContext forward_context;
+  const grpc::Status forward_status = stub_->Forward(&forward_context, whole, &forward);
+  EXPECT_EQ(forward_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(forward_status.error_message().find(overflow), std::string::npos);
+
+  // The session holds the first 4 tokens and nothing else: its next step is the sequence's row.
+  const v1::DecodeResponse next = Exchange(*stream, Tokens(4, 1));
+  ASSERT_EQ(next.error_code(), 0) << next.error_message();
+  EXPECT_EQ(next.positions(0), 5);
+  const std::vector<float> got = TensorValues(next.output());
+  const std::vector<float> want = RowOfTheSequence(4);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(SessionMessages("demo", "INVALID_ARGUMENT"), 2);
+
+  // A sequence through ModelInfer: refused, then goes on from where it was.
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Infer(SequenceRequest(sequence_, 0, 4, 9, true, false), &response).ok());
+  const grpc::Status infer_refused = Infer(
+      SequenceStepRequest("demo", five.data() + 4 * kWidth, 1, kWidth, 9, false, false), &response);
+  EXPECT_EQ(infer_refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(infer_refused.error_message().find(overflow), std::string::npos);
+  const grpc::Status status = Infer(SequenceRequest(sequence_, 4, 1, 9, false, true), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  const std::vector<float> row = RawOutput(response);
+  ASSERT_EQ(row.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(row[i], want[i], 1e-4f) << i;
+  double bytes = 1;
+  for (int i = 0; i < 500 && bytes != 0; ++i) {
+    bytes = Gauge("attnserve_kv_cache_bytes");
+    if (bytes != 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(bytes, 0);
+}
+
 // A later step of a sequence that names another kind or version than its sequence_start's is
 // refused, as a Decode stream's later message is, and the sequence goes on unchanged.
 TEST_F(DecodeServiceTest, ALaterSequenceStepNamingAnotherKindOrVersionIsRefused) {
