@@ -105,13 +105,15 @@ void ExecuteMatmul(const CachedMatmul& matmul, const MatmulArgs& args) {
 }
 
 void ConvertToBf16(const float* src, uint16_t* dst, int64_t count) {
-  // Round to nearest even on the bit pattern; NaN never reaches here (Validate refuses it).
+  // Round to nearest even on the bit pattern. A NaN (from scores that overflowed float32) stays
+  // a quiet NaN: rounding could carry its payload into the sign or make it 0.
 #pragma omp simd
   for (int64_t i = 0; i < count; ++i) {
     uint32_t bits;
     std::memcpy(&bits, &src[i], sizeof(bits));
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    dst[i] = static_cast<uint16_t>(bits >> 16);
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
+    dst[i] = static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded >> 16);
   }
 }
 

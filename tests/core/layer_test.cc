@@ -5,13 +5,16 @@
 
 #include "core/layer.h"
 
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <iterator>
 #include <limits>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "core/dnnl_context.h"
 #include "core/layer_limits.h"
 #include "gtest/gtest.h"
 #include "tests/common/golden.h"
@@ -459,6 +462,37 @@ TEST_F(LayerTest, Bf16StaysNearF32) {
     std::vector<float> out(f32.size());
     ASSERT_TRUE((*bf16)->Forward(args, out).ok());
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], f32[i], 1e-2) << i;
+  }
+}
+
+// Rounding to bf16 is IEEE's to nearest, ties to even, on the top 16 bits. An infinity stays
+// one, and a NaN (attention over scores that overflowed) stays a NaN whatever its payload:
+// rounding it as a number could carry it into the sign, to an infinity or to 0.
+TEST(ConvertToBf16Test, RoundsToNearestEvenAndKeepsNaNsNaN) {
+  const std::vector<std::pair<uint32_t, uint16_t>> numbers = {
+      {0x3F800000u, 0x3F80u},  // 1
+      {0x3F808000u, 0x3F80u},  // halfway: to the even 0x3F80
+      {0x3F818000u, 0x3F82u},  // halfway: to the even 0x3F82
+      {0x3F808001u, 0x3F81u},  // past halfway
+      {0xBF80FFFFu, 0xBF81u},  // negative
+      {0x7F7FFFFFu, 0x7F80u},  // the largest float rounds up to infinity
+      {0x7F800000u, 0x7F80u},  // +inf
+      {0xFF800000u, 0xFF80u},  // -inf
+  };
+  const std::vector<uint32_t> nans = {0x7FC00000u, 0xFFC00000u, 0x7F800001u,
+                                      0xFFFFFFFFu, 0x7FFFFFFFu, 0xFFFF8000u};
+  std::vector<float> in;
+  for (const auto& [bits, expected] : numbers) in.push_back(std::bit_cast<float>(bits));
+  for (const uint32_t bits : nans) in.push_back(std::bit_cast<float>(bits));
+  std::vector<uint16_t> out(in.size());
+  ConvertToBf16(in.data(), out.data(), static_cast<int64_t>(in.size()));
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    EXPECT_EQ(out[i], numbers[i].second) << std::hex << numbers[i].first;
+  }
+  for (size_t i = 0; i < nans.size(); ++i) {
+    const uint16_t bf16 = out[numbers.size() + i];
+    EXPECT_TRUE((bf16 & 0x7F80u) == 0x7F80u && (bf16 & 0x7Fu) != 0)
+        << std::hex << nans[i] << " became " << bf16;
   }
 }
 
