@@ -169,8 +169,9 @@ void RunKeyBlocks(const AttentionProblem& p, const Rows& t, int vecs, const Keys
                        static_cast<int>(d), s.alpha, s.out_t);
   }
   // A row that saw keys and whose maximum never rose above kNoKeyYet saw only scores that
-  // overflowed float32 (to -inf): its weights mean nothing, and a NaN makes the output's
-  // finiteness check refuse the call. A row that saw no key has sum 0 and gets 0.
+  // overflowed float32 to -inf (or lie within a hair of it, -3e38): its weights mean nothing,
+  // and a NaN makes the output's finiteness check refuse the call. A row that saw no key has
+  // sum 0 and gets 0.
   for (int r = 0; r < kTileRows; ++r) {
     s.inv_sum[r] = key_end > 0 && !(s.max[r] > kNoKeyYet)
                        ? std::numeric_limits<float>::quiet_NaN()

@@ -318,7 +318,7 @@ template <typename T>
   HeadState states[kMaxTileStates];
   const int64_t visible = StartStates(queries, count, heads, head_dim, acc, states);
   // The queries times the scale, as Forward's tiles take them: the scores then overflow float32
-  // where Forward's do, not sooner.
+  // where Forward's do (within log2 e: Forward's carry it too, for exp2), not ten times sooner.
   alignas(64) float scaled[kMaxTileDims];
   for (int64_t t = 0; t < count; ++t) {
     const float* q = queries[t].q + first_head * head_dim;

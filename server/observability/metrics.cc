@@ -225,10 +225,12 @@ struct Metrics::Families {
                                    "with sequence_id), by model and gRPC status code: refused "
                                    "and malformed ones too.")
                              .Register(r)),
-        decode_tokens(prometheus::BuildCounter()
-                          .Name("attnserve_decode_tokens_total")
-                          .Help("Tokens appended by decode steps, by model.")
-                          .Register(r)),
+        decode_tokens(
+            prometheus::BuildCounter()
+                .Name("attnserve_decode_tokens_total")
+                .Help("Tokens decode steps computed, by model (those of a step refused or "
+                      "taken back after it ran included).")
+                .Register(r)),
         decode_step_tokens(prometheus::BuildHistogram()
                                .Name("attnserve_decode_step_tokens")
                                .Help("New tokens one compute run of decode steps held "

@@ -51,8 +51,8 @@ class DecodeQueue final : public RunQueue {
   void ReleaseWaitingStep();
 
   // Takes the session's queued step back and answers it `why`, the room it reserved given
-  // back; a step whose chunk is running is answered so when that chunk ends (the sequence holds
-  // the tokens of its chunks done).
+  // back; a step whose chunk is running is answered so when that chunk ends, its chunks done
+  // taken back (the session goes back to where the step began).
   void Cancel(Session* session, const absl::Status& why);
 
   // Refuses new steps from now on (Unavailable); queued steps still run until `deadline`,

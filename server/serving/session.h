@@ -100,8 +100,8 @@ class Session {
   static uint64_t NewStepTicket();
 
   // Takes a queued step back (its stream ended): `done` runs at once with `why`. A step whose
-  // chunk is running is answered `why` when that chunk ends, the rest of it not run. Safe from
-  // any thread.
+  // chunk is running is answered `why` when that chunk ends, the rest of it not run and its
+  // chunks done taken back. Safe from any thread.
   void CancelStep(const absl::Status& why);
 
   // The sequence this session served started over on another session (sequence_start on its

@@ -971,6 +971,106 @@ TEST(DecodeQueueTest, AStepTakenBackBeforeItRunsGivesBackItsCacheRoom) {
   EXPECT_EQ(t.b->positions(), std::vector<int64_t>{TwoPromptSessions::kPrompt});
 }
 
+// One step of a session, answered before this returns (waits up to 10 s).
+absl::Status StepAndWait(Session& session, const float* input, int64_t tokens, float* output) {
+  StepArgs args;
+  args.inputs = {input};
+  args.tokens = {tokens};
+  args.outputs = {output};
+  std::promise<absl::Status> answer;
+  std::future<absl::Status> answered = answer.get_future();
+  if (absl::Status s =
+          session.Step(std::move(args), [&](absl::Status status) { answer.set_value(status); });
+      !s.ok()) {
+    return s;
+  }
+  if (answered.wait_for(seconds(10)) != std::future_status::ready) {
+    return absl::DeadlineExceededError("the step was not answered in 10 s");
+  }
+  return answered.get();
+}
+
+// Steps queued together run as one: one whose output overflows float32 is refused alone, and its
+// session goes back to where the step began; the other step is answered and kept, and the
+// refused session goes on as if the step had never come.
+TEST(DecodeQueueTest, AStepRefusedInAMergedRunLeavesTheOtherStepsAnswered) {
+  TwoPromptSessions t;
+  std::unique_ptr<Session> c = OpenCausal(t.manager, t.queue);
+  ASSERT_TRUE(t.a && t.b && c);
+  const std::vector<float> tokens = SmoothPrompt(3);
+  std::vector<float> b_rows(3 * kWidth), c_rows(3 * kWidth);
+  ASSERT_TRUE(StepAndWait(*t.b, tokens.data(), 2, b_rows.data()).ok());
+
+  // B's huge token and C's first one queue behind A's answer, which holds the compute thread.
+  std::promise<void> release;
+  t.StepAHeld(release.get_future().share());
+  const std::vector<float> huge(kWidth, 1e20f);
+  std::vector<float> huge_out(kWidth);
+  std::promise<absl::Status> b_answer, c_answer;
+  auto step = [](Session& session, const float* input, float* output,
+                 std::promise<absl::Status>& answer) {
+    StepArgs args;
+    args.inputs = {input};
+    args.tokens = {1};
+    args.outputs = {output};
+    return session.Step(std::move(args), [&answer](absl::Status s) { answer.set_value(s); });
+  };
+  ASSERT_TRUE(step(*t.b, huge.data(), huge_out.data(), b_answer).ok());
+  ASSERT_TRUE(step(*c, tokens.data(), c_rows.data(), c_answer).ok());
+  release.set_value();
+  const absl::Status b_status = b_answer.get_future().get();
+  EXPECT_EQ(b_status.code(), absl::StatusCode::kInvalidArgument) << b_status;
+  EXPECT_NE(b_status.message().find("not finite"), std::string::npos) << b_status;
+  EXPECT_EQ(t.b->positions(), std::vector<int64_t>{2});
+  const absl::Status c_status = c_answer.get_future().get();
+  EXPECT_TRUE(c_status.ok()) << c_status;
+  EXPECT_EQ(c->positions(), std::vector<int64_t>{1});
+
+  // B's next token sees B's first two and not the refused one: its row is C's third row when C
+  // has stepped the same three tokens.
+  ASSERT_TRUE(StepAndWait(*t.b, tokens.data() + 2 * kWidth, 1, b_rows.data() + 2 * kWidth).ok());
+  ASSERT_TRUE(StepAndWait(*c, tokens.data() + kWidth, 2, c_rows.data() + kWidth).ok());
+  EXPECT_EQ(t.b->positions(), std::vector<int64_t>{3});
+  for (int64_t k = 0; k < kWidth; ++k) {
+    ASSERT_NEAR(b_rows[2 * kWidth + k], c_rows[2 * kWidth + k], 1e-5f) << "element " << k;
+  }
+}
+
+// A long prompt's step taken back while its chunks run (its stream ended) leaves the session as
+// it was: the chunks it ran are taken back too, with their cache room. Taken back at several
+// moments, to catch it between chunks.
+TEST(DecodeQueueTest, AStepTakenBackWhileItRunsLeavesTheSessionAsItWas) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  constexpr int64_t kPrompt = 4096;  // 16 chunks of 256
+  const std::vector<float> prompt = SmoothPrompt(kPrompt);
+  std::vector<float> output(kPrompt * kWidth);
+  std::unique_ptr<Session> session = OpenCausal(manager, queue);
+  ASSERT_TRUE(session);
+  ASSERT_TRUE(StepAndWait(*session, prompt.data(), 8, output.data()).ok());
+  const int64_t before = queue.kv_bytes().load();
+  int taken_back = 0;
+  for (const int delay_ms : {0, 1, 3, 10, 30}) {
+    StepArgs args;
+    args.inputs = {prompt.data()};
+    args.tokens = {kPrompt};
+    args.outputs = {output.data()};
+    std::promise<absl::Status> answer;
+    ASSERT_TRUE(
+        session->Step(std::move(args), [&](absl::Status status) { answer.set_value(status); })
+            .ok());
+    std::this_thread::sleep_for(milliseconds(delay_ms));
+    session->CancelStep(absl::CancelledError("the stream ended"));
+    const absl::Status status = answer.get_future().get();
+    if (status.ok()) break;  // it ran to its end first (so would it with a longer delay)
+    ++taken_back;
+    EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+    EXPECT_EQ(session->positions(), std::vector<int64_t>{8})
+        << "taken back after " << delay_ms << " ms";
+    EXPECT_EQ(queue.kv_bytes().load(), before) << "taken back after " << delay_ms << " ms";
+  }
+}
 // A drain's Join returns only once every step is answered: the run's (an answer still being
 // written) and those dropped past the grace. (The transport shuts down next: an answer not
 // written by then would be cut.)
