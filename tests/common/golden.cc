@@ -1,5 +1,6 @@
 #include "tests/common/golden.h"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <fstream>
@@ -227,6 +228,14 @@ absl::StatusOr<GoldenCase> LoadGoldenCase(const std::string& name, const std::st
 
 absl::StatusOr<GoldenCase> LoadLargeValuesCase(const std::string& name, const std::string& dir) {
   return Guarded(dir, ParseOneCase, name, std::string("large_values"));
+}
+
+float ExpectedRowScale(const GoldenCase& c, int64_t row) {
+  float scale = 1.0f;
+  for (int64_t k = 0; k < c.d_output; ++k) {
+    scale = std::max(scale, std::abs(c.expected_output[row * c.d_output + k]));
+  }
+  return scale;
 }
 
 float FormulaValue(int64_t b, int64_t t, int64_t c, double phase) {

@@ -90,6 +90,10 @@ absl::StatusOr<GoldenCase> LoadGoldenCase(const std::string& name,
 absl::StatusOr<GoldenCase> LoadLargeValuesCase(const std::string& name,
                                                const std::string& dir = FixturesDir());
 
+// The largest expected magnitude of `c`'s stored output row `row`, at least 1: what a large
+// values case's tolerance is relative to.
+float ExpectedRowScale(const GoldenCase& c, int64_t row);
+
 // The deterministic input of the long cases, which are too big to store:
 //   x[b, t, c] = float32(sin(0.013 * (t + 1) * (c + 1) + 0.7 * b + 0.1 * c + phase))
 // computed in double and rounded once; phase 0 for the input, 0.5 for the context.

@@ -88,7 +88,7 @@ class SessionSteps : public ::testing::Test {
 
   // Steps every sequence from its position to its length, `first` tokens in the first step and
   // `step` after, all sequences in one Decode call per step; checks each returned row (within
-  // `tolerance`, times the row's largest expected magnitude when over 1 if relative_).
+  // `tolerance`, times test::ExpectedRowScale if relative_).
   void Run(std::vector<Sequence>& sequences, int64_t first, int64_t step, float tolerance) {
     const GoldenCase& c = case_;
     const int64_t width = c.d_output;
@@ -125,7 +125,8 @@ class SessionSteps : public ::testing::Test {
         const int64_t n = static_cast<int64_t>(outputs[b].size()) / width;
         for (int64_t t = 0; t < n; ++t) {
           const int64_t row = static_cast<int64_t>(b) * c.input.seq_len + s.position + t;
-          const float row_tolerance = tolerance * RowScale(row);
+          const float row_tolerance =
+              relative_ ? tolerance * test::ExpectedRowScale(c, row) : tolerance;
           for (int64_t k = 0; k < width; ++k) {
             const float want = c.expected_output[row * width + k];
             ASSERT_NEAR(outputs[b][t * width + k], want, row_tolerance)
@@ -135,16 +136,6 @@ class SessionSteps : public ::testing::Test {
         s.position += n;
       }
     }
-  }
-
-  // 1, or (relative_) the largest expected magnitude of padded output row `row` when over 1.
-  float RowScale(int64_t row) const {
-    const int64_t width = case_.d_output;
-    float scale = 1.0f;
-    for (int64_t k = 0; relative_ && k < width; ++k) {
-      scale = std::max(scale, std::abs(case_.expected_output[row * width + k]));
-    }
-    return scale;
   }
 
   GoldenCase case_;
@@ -209,9 +200,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeTest, ::testing::ValuesIn(DecodeCases()
                          });
 
 // Inputs that reach 1e17 (a token of each sequence): scores near 1e34, the softmax as sharp as it
-// gets, outputs near 1e17. A session's steps and one Forward both give PyTorch's rows, within
-// float32 rounding of each row's magnitude: large values within float32's range are computed,
-// not refused.
+// gets, outputs near 1e17. A session's steps give PyTorch's rows, within float32 rounding of each
+// row's magnitude (as Forward does: golden_test.cc): large values within float32's range are
+// computed, not refused.
 class LargeValuesTest : public SessionSteps {
  protected:
   void SetUp() override {
@@ -225,27 +216,6 @@ TEST_F(LargeValuesTest, SessionStepsMatchPyTorch) {
   Run(one_a_step, /*first=*/2, /*step=*/1, 1e-4f);
   std::vector<Sequence> several_a_step = Open(KvPrecision::kF32);
   Run(several_a_step, /*first=*/1, /*step=*/4, 1e-4f);
-}
-
-TEST_F(LargeValuesTest, ForwardMatchesPyTorch) {
-  const GoldenCase& c = case_;
-  ForwardArgs args;
-  args.kind = c.kind;
-  args.input =
-      RaggedBatch{c.input.values.data(), c.input.width, c.input.lengths, c.input.seq_len, {}};
-  ASSERT_TRUE(layer_->Validate(args).ok());
-  std::vector<float> output(layer_->Shapes(args).output_size(), std::nanf(""));
-  ASSERT_TRUE(layer_->Forward(args, output, {}).ok());
-  for (int64_t b = 0; b < c.input.batch; ++b) {
-    for (int64_t t = 0; t < c.input.lengths[b]; ++t) {
-      const int64_t row = b * c.input.seq_len + t;
-      for (int64_t k = 0; k < c.d_output; ++k) {
-        ASSERT_NEAR(output[row * c.d_output + k], c.expected_output[row * c.d_output + k],
-                    1e-4f * RowScale(row))
-            << "sequence " << b << " position " << t << " column " << k;
-      }
-    }
-  }
 }
 
 // A causal cross step whose queries see context rows not projected yet (or that names no
@@ -395,7 +365,6 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
         };
         for (const int64_t visible : {int64_t{1}, kKvBlockTokens, kLength}) {
           const KvQuery query{q.data(), out.data(), &cache, visible};
-          const double scale = exact_scale;
           KvAttentionWith(flavour, {&query, 1}, heads, head_dim, kernel_scale);
           for (int64_t h = 0; h < heads; ++h) {
             std::vector<double> weights(visible);
@@ -406,7 +375,7 @@ TEST(KvAttentionTest, EveryKernelFlavourMatchesTheDefinition) {
                 dot +=
                     query_element(q[h * head_dim + d]) * stored(keys[t * width + h * head_dim + d]);
               }
-              weights[t] = dot * scale;
+              weights[t] = dot * exact_scale;
               top = std::max(top, weights[t]);
             }
             for (double& w : weights) sum += (w = std::exp(w - top));

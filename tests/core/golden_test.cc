@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/layer.h"
 #include "gtest/gtest.h"
 
@@ -331,6 +332,28 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, testing::ValuesIn(CaseNames()), T
 
 // Several threads call Forward on one shared Layer, each checking its own kind against PyTorch:
 // the Layer is immutable, so concurrent calls must not disturb each other.
+// Inputs that reach 1e17 (a token of each sequence): scores near 1e34, the softmax as sharp as it
+// gets, outputs near 1e17. Forward gives PyTorch's rows within float32 rounding of each row's
+// magnitude: large values within float32's range are computed, not refused.
+TEST(GoldenLargeValuesTest, ForwardMatchesPyTorch) {
+  absl::StatusOr<GoldenCase> loaded = test::LoadLargeValuesCase("torch_mha/causal/large_values");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const GoldenCase& c = *loaded;
+  absl::StatusOr<std::shared_ptr<const Layer>> layer = LayerFor(c);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  const Result result = RunForward(**layer, PaddedArgs(c, false));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  for (int64_t b = 0; b < c.input.batch; ++b) {
+    for (int64_t t = 0; t < c.input.lengths[b]; ++t) {
+      const int64_t row = b * c.input.seq_len + t;
+      EXPECT_TRUE(AllNear(result.output.data() + row * c.d_output,
+                          c.expected_output.data() + row * c.d_output, c.d_output,
+                          1e-4f * test::ExpectedRowScale(c, row),
+                          absl::StrCat("sequence ", b, " position ", t)));
+    }
+  }
+}
+
 TEST(GoldenConcurrencyTest, ThreadsShareOneLayer) {
   const std::vector<std::string> names = {"torch_mha/bidirectional", "torch_mha/causal",
                                           "torch_mha/cross", "torch_mha/causal_cross"};

@@ -971,19 +971,22 @@ TEST(DecodeQueueTest, AStepTakenBackBeforeItRunsGivesBackItsCacheRoom) {
   EXPECT_EQ(t.b->positions(), std::vector<int64_t>{TwoPromptSessions::kPrompt});
 }
 
-// One step of a session, answered before this returns (waits up to 10 s).
-absl::Status StepAndWait(Session& session, const float* input, int64_t tokens, float* output) {
+// One step of `tokens` tokens of a one-sequence session, its answer set in `answer`.
+absl::Status Submit(Session& session, const float* input, int64_t tokens, float* output,
+                    std::promise<absl::Status>& answer) {
   StepArgs args;
   args.inputs = {input};
   args.tokens = {tokens};
   args.outputs = {output};
+  return session.Step(std::move(args),
+                      [&answer](absl::Status status) { answer.set_value(status); });
+}
+
+// One step of a session, answered before this returns (waits up to 10 s).
+absl::Status StepAndWait(Session& session, const float* input, int64_t tokens, float* output) {
   std::promise<absl::Status> answer;
   std::future<absl::Status> answered = answer.get_future();
-  if (absl::Status s =
-          session.Step(std::move(args), [&](absl::Status status) { answer.set_value(status); });
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = Submit(session, input, tokens, output, answer); !s.ok()) return s;
   if (answered.wait_for(seconds(10)) != std::future_status::ready) {
     return absl::DeadlineExceededError("the step was not answered in 10 s");
   }
@@ -1007,16 +1010,8 @@ TEST(DecodeQueueTest, AStepRefusedInAMergedRunLeavesTheOtherStepsAnswered) {
   const std::vector<float> huge(kWidth, 1e20f);
   std::vector<float> huge_out(kWidth);
   std::promise<absl::Status> b_answer, c_answer;
-  auto step = [](Session& session, const float* input, float* output,
-                 std::promise<absl::Status>& answer) {
-    StepArgs args;
-    args.inputs = {input};
-    args.tokens = {1};
-    args.outputs = {output};
-    return session.Step(std::move(args), [&answer](absl::Status s) { answer.set_value(s); });
-  };
-  ASSERT_TRUE(step(*t.b, huge.data(), huge_out.data(), b_answer).ok());
-  ASSERT_TRUE(step(*c, tokens.data(), c_rows.data(), c_answer).ok());
+  ASSERT_TRUE(Submit(*t.b, huge.data(), 1, huge_out.data(), b_answer).ok());
+  ASSERT_TRUE(Submit(*c, tokens.data(), 1, c_rows.data(), c_answer).ok());
   release.set_value();
   const absl::Status b_status = b_answer.get_future().get();
   EXPECT_EQ(b_status.code(), absl::StatusCode::kInvalidArgument) << b_status;
@@ -1052,14 +1047,8 @@ TEST(DecodeQueueTest, AStepTakenBackWhileItRunsLeavesTheSessionAsItWas) {
   const int64_t before = queue.kv_bytes().load();
   int taken_back = 0;
   for (const int delay_ms : {0, 1, 3, 10, 30}) {
-    StepArgs args;
-    args.inputs = {prompt.data()};
-    args.tokens = {kPrompt};
-    args.outputs = {output.data()};
     std::promise<absl::Status> answer;
-    ASSERT_TRUE(
-        session->Step(std::move(args), [&](absl::Status status) { answer.set_value(status); })
-            .ok());
+    ASSERT_TRUE(Submit(*session, prompt.data(), kPrompt, output.data(), answer).ok());
     std::this_thread::sleep_for(milliseconds(delay_ms));
     session->CancelStep(absl::CancelledError("the stream ended"));
     const absl::Status status = answer.get_future().get();
