@@ -344,6 +344,8 @@ int main(int argc, char** argv) {
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);
+  flags.options.metrics_listen_given = app.count("--metrics-listen") > 0;
+  flags.options.http_listen_given = app.count("--http-listen") > 0;
   if (absl::Status status = ApplyFlags(flags); !status.ok()) return Fail(status);
   RaiseDescriptorLimit();
   absl::StatusOr<std::unique_ptr<attnserve::server::Server>> server =

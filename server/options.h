@@ -85,6 +85,10 @@ struct ServerOptions {
   int max_connection_age_grace_s = 60;
   // HOST:PORT serving /metrics; "" or "off": no metrics (kDefaultMetricsListen by default).
   std::string metrics_listen = std::string(kDefaultMetricsListen);
+  // --metrics-listen was given (even as the default's value): its port must bind. Left to the
+  // default, a busy port (a second server on the machine) is skipped with a warning; a value
+  // set otherwise (an embedder's) must bind too.
+  bool metrics_listen_given = false;
   // TLS on the metrics port with the main port's certificate: "auto" (when `tls` has one),
   // "on" (and `tls` must have one) or "off".
   std::string metrics_tls = "auto";
@@ -93,6 +97,7 @@ struct ServerOptions {
   // HOST:PORT of the REST port (the Open Inference Protocol over HTTP/1.1, with the main port's
   // TLS, tokens and --max-message-mib); "" or "off": none.
   std::string http_listen = std::string(kDefaultHttpListen);
+  bool http_listen_given = false;  // as metrics_listen_given
   // REST connections served at once (one thread each); more wait in the listen queue.
   int http_max_connections = HttpServerOptions{}.max_connections;
   // A REST request's line and headers must arrive within this.

@@ -290,7 +290,7 @@ absl::Status Server::StartHttpPort(const ServerOptions& options) {
   if (http.ok()) {
     http_server_ = *std::move(http);
     http_port_ = http_server_->port();
-  } else if (options.http_listen == kDefaultHttpListen &&
+  } else if (options.http_listen == kDefaultHttpListen && !options.http_listen_given &&
              http.status().code() == absl::StatusCode::kUnavailable) {
     // As for metrics: only the default may be busy (a second server on the machine).
     Log(LogLevel::kWarn, "serving without the REST port: pass --http-listen HOST:PORT (or off)",
@@ -393,10 +393,10 @@ absl::Status Server::StartMetrics(const ServerOptions& options) {
   absl::StatusOr<int> port = metrics_->Serve(*http);
   if (port.ok()) {
     metrics_port_ = *port;
-  } else if (options.metrics_listen == kDefaultMetricsListen &&
+  } else if (options.metrics_listen == kDefaultMetricsListen && !options.metrics_listen_given &&
              port.status().code() == absl::StatusCode::kUnavailable) {
     // Only the default may be busy (a second server on the machine): serving without metrics
-    // beats not serving. A port the operator chose must work.
+    // beats not serving. A port the operator named must work.
     Log(LogLevel::kWarn, "serving without metrics: pass --metrics-listen HOST:PORT (or off)",
         {{"error", std::string(port.status().message())}});
   } else {

@@ -188,7 +188,8 @@ struct Metrics::Families {
                         .Register(r)),
         batch_tokens(prometheus::BuildHistogram()
                          .Name("attnserve_batch_tokens")
-                         .Help("Query tokens one compute run held.")
+                         .Help("Tokens (input plus context) one compute run held, the unit of "
+                               "--max-batch-tokens.")
                          .Register(r)),
         shed(prometheus::BuildCounter()
                  .Name("attnserve_shed_total")
@@ -404,6 +405,9 @@ ModelMetrics& Metrics::AddModel(const std::string& name) {
   for (const auto& model : models_) {
     if (model->name_ == name) return *model;
   }
+  // Its load failures count from 0, shown before the first: an alert on their increase (or on
+  // the series' absence) sees a model that has never failed.
+  if (enabled_) families_->load_failures.Add({{"model", name}});
   models_.push_back(
       std::unique_ptr<ModelMetrics>(new ModelMetrics(enabled_ ? this : nullptr, name)));
   return *models_.back();

@@ -43,7 +43,7 @@ SERVER_START_SECONDS = 30
 UNRUNNABLE = {
     ("README.md", "# serve: installs the dependencies, builds into build/, serves the built-in demo layer on port 50051"):
         "installs packages, builds, and the server runs until stopped; the test command runs everything",
-    ("README.md", "deploy/docker-build.sh                    # the image `attnserve` (docker, else podman)"):
+    ("README.md", "deploy/docker-build.sh       # the image `attnserve` (docker, else podman)"):
         "needs podman or docker and the Debian images, then a Kubernetes cluster",
     ("README.md", "build/server/attnserve --model mha=/tmp/mha.safetensors"):
         "serves until stopped, and needs a file PyTorch wrote",

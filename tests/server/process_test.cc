@@ -1,7 +1,10 @@
 // The real attnserve binary as a process: graceful SIGTERM with calls in flight, start-up
 // failures, JSON logs, --help.
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -139,6 +142,53 @@ TEST(ProcessTest, ABusyPortStopsStartUp) {
   EXPECT_NE(second.Output().find("cannot listen"), std::string::npos) << second.Output();
   first.Signal(SIGTERM);
   EXPECT_EQ(first.Wait(seconds(20)), 0);
+}
+
+// Holds 0.0.0.0:`port` for as long as it lives (or finds it held already: busy either way).
+class PortHolder {
+ public:
+  explicit PortHolder(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) listen(fd_, 1);
+  }
+  ~PortHolder() { close(fd_); }
+
+ private:
+  int fd_;
+};
+
+// The REST and metrics ports left to their defaults may be busy (a second server on the machine):
+// the server starts without them, and says so. Named on the command line, even as the default's
+// value (as the Kubernetes manifests name them), they must bind.
+TEST(ProcessTest, AListenAddressGivenMustBindEvenWhenItIsTheDefault) {
+  PortHolder rest(8000), metrics(8002);
+  {
+    ServerOptions options;  // both left to their defaults
+    options.listen = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    EXPECT_EQ((*server)->http_port(), 0);
+    EXPECT_EQ((*server)->metrics_port(), 0);
+  }
+  {
+    ChildServer child(
+        {"--listen", "127.0.0.1:0", "--metrics-listen", "off", "--http-listen", "0.0.0.0:8000"},
+        TempPath("rest-given.log"));
+    EXPECT_GT(child.Wait(seconds(20)), 0) << child.Output();  // exited, and not serving
+    EXPECT_NE(child.Output().find("cannot listen on 0.0.0.0:8000"), std::string::npos)
+        << child.Output();
+  }
+  {
+    ChildServer child(
+        {"--listen", "127.0.0.1:0", "--http-listen", "off", "--metrics-listen", "0.0.0.0:8002"},
+        TempPath("metrics-given.log"));
+    EXPECT_GT(child.Wait(seconds(20)), 0) << child.Output();
+    EXPECT_NE(child.Output().find("cannot serve metrics on 0.0.0.0:8002"), std::string::npos)
+        << child.Output();
+  }
 }
 
 TEST(ProcessTest, JsonLogsAreOneObjectPerLine) {

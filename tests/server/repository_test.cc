@@ -350,6 +350,12 @@ TEST(RepositoryTest, PollModeNeverLoadsAHalfWrittenFileAndTakesItOnceWhole) {
   std::unique_ptr<Server> server = StartServer(options);
   ASSERT_NE(server, nullptr);
   Client client(server->port());
+  // The model's failures count from 0, the series there before the first.
+  absl::StatusOr<std::map<std::string, double>> before = Scrape(server->metrics_port());
+  ASSERT_TRUE(before.ok()) << before.status();
+  const std::string failures = SeriesKey("attnserve_model_load_failures_total", {{"model", "m"}});
+  ASSERT_TRUE(before->contains(failures));
+  EXPECT_EQ(before->at(failures), 0);
   const std::string whole = FileBytes(Fixture(kWeightsB));
   repo.WriteVersion("m", 2, whole.substr(0, whole.size() / 2));
   ASSERT_TRUE(WaitFor([&] { return !client.Index("m", "2").reason().empty(); }));
@@ -363,7 +369,7 @@ TEST(RepositoryTest, PollModeNeverLoadsAHalfWrittenFileAndTakesItOnceWhole) {
   EXPECT_TRUE(Near(out, Expected(kWeightsA, 8)));
   absl::StatusOr<std::map<std::string, double>> metrics = Scrape(server->metrics_port());
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_EQ((*metrics)[SeriesKey("attnserve_model_load_failures_total", {{"model", "m"}})], 1);
+  EXPECT_EQ((*metrics)[failures], 1);
   EXPECT_EQ((*metrics)[SeriesKey("attnserve_model_state",
                                  {{"model", "m"}, {"state", "READY"}, {"version", "1"}})],
             1);
