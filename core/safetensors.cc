@@ -2,24 +2,19 @@
 // and owning it lets every malformed file become a Status instead of an exception or a crash.
 #include "core/safetensors.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <optional>
-#include <system_error>
 #include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "core/float16.h"
 #include "core/guarded.h"
+#include "core/read_only_file.h"
 #include "nlohmann/json.hpp"
 
 namespace attnserve::core {
@@ -337,16 +332,20 @@ absl::Status CheckLayout(const std::string& path, std::vector<TensorEntry>& entr
 
 // Reads the 8-byte length and the header text, refusing lengths the file cannot hold before
 // allocating anything for them.
-absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstream& in,
+absl::StatusOr<std::string> ReadHeaderText(const std::string& path, const ReadOnlyFile& in,
                                            uint64_t file_bytes) {
   if (file_bytes < 8) {
     return Invalid(path, absl::StrCat("the file has ", file_bytes,
                                       " bytes, fewer than the 8 of the header length"));
   }
-  unsigned char length_bytes[8];
-  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  char length_bytes[8];
+  if (!in.ReadAt(0, length_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": could not read the header length"));
+  }
   uint64_t header_bytes = 0;
-  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length_bytes[i];
+  for (int i = 7; i >= 0; --i) {
+    header_bytes = (header_bytes << 8) | static_cast<unsigned char>(length_bytes[i]);
+  }
   if (header_bytes > file_bytes - 8) {
     return Invalid(path, absl::StrCat("the header length ", header_bytes,
                                       " is past the end of the file (", file_bytes, " bytes)"));
@@ -356,13 +355,13 @@ absl::StatusOr<std::string> ReadHeaderText(const std::string& path, std::ifstrea
                                       kMaxHeaderBytes));
   }
   std::string text(header_bytes, '\0');
-  if (!in.read(text.data(), static_cast<std::streamsize>(header_bytes))) {
+  if (!in.ReadAt(8, text)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": could not read the header"));
   }
   return text;
 }
 
-absl::Status ReadTensorData(const std::string& path, std::ifstream& in, uint64_t data_start,
+absl::Status ReadTensorData(const std::string& path, const ReadOnlyFile& in, uint64_t data_start,
                             const TensorEntry& entry, SafetensorsFile& file) {
   if (!IsConvertible(entry.dtype)) {
     return InvalidTensor(path, entry.name,
@@ -370,8 +369,7 @@ absl::Status ReadTensorData(const std::string& path, std::ifstream& in, uint64_t
                                       "' (attnserve reads F32, F16 and BF16)"));
   }
   std::vector<char> raw(entry.end - entry.begin);
-  in.seekg(static_cast<std::streamoff>(data_start + entry.begin));
-  if (!in.read(raw.data(), static_cast<std::streamsize>(raw.size()))) {
+  if (!in.ReadAt(data_start + entry.begin, raw)) {
     return InvalidTensor(path, entry.name, "read failed");
   }
   StoredTensor& tensor = file.tensors[entry.name];
@@ -381,58 +379,12 @@ absl::Status ReadTensorData(const std::string& path, std::ifstream& in, uint64_t
   return absl::OkStatus();
 }
 
-// The status code of a failed stat or open. A path that names nothing is NotFound, one that
-// cannot be resolved as written (a symlink loop, too long) InvalidArgument, where absl says
-// FailedPrecondition and Unknown; the rest (PermissionDenied, ResourceExhausted...) are absl's.
-absl::StatusCode OpenErrorCode(int error_number) {
-  switch (error_number) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::StatusCode::kNotFound;
-    case ELOOP:
-    case ENAMETOOLONG:
-      return absl::StatusCode::kInvalidArgument;
-    default:
-      return absl::ErrnoToStatusCode(error_number);
-  }
-}
-
-// Why `path` could not be reached or opened, in the system's words: a symlink loop, a directory
-// we may not enter and a path through a regular file once all read "no such file", which sent
-// users looking for a typo.
-absl::Status OpenError(const std::string& path, int error_number) {
-  if (error_number == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  std::string reason = std::generic_category().message(error_number);
-  // strerror capitalises ("Permission denied"); here it is the end of a sentence.
-  if (!reason.empty()) reason[0] = absl::ascii_tolower(static_cast<unsigned char>(reason[0]));
-  return absl::Status(OpenErrorCode(error_number),
-                      absl::StrCat(path, ": cannot open the file: ", reason));
-}
-
-// Opens `path` for reading, positioned at its end. Refused before opening: anything but a regular
-// file (a FIFO would block the open, a directory opens but cannot be read).
-absl::Status OpenRegularFile(const std::string& path, std::ifstream& in) {
-  struct stat info;
-  if (::stat(path.c_str(), &info) != 0) return OpenError(path, errno);
-  if (!S_ISREG(info.st_mode)) return Invalid(path, "it is not a regular file");
-  errno = 0;
-  in.open(path, std::ios::binary | std::ios::ate);
-  // The standard does not promise errno after a failed open (libstdc++ keeps fopen's); without
-  // one the message still names the file.
-  if (!in && errno != 0) return OpenError(path, errno);
-  if (!in) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open the file"));
-  return absl::OkStatus();
-}
-
 absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const TensorFilter& wanted) {
-  std::ifstream in;
-  if (absl::Status s = OpenRegularFile(path, in); !s.ok()) return s;
-  const std::streamoff end = in.tellg();
-  if (end < 0) return Invalid(path, "cannot tell the file's size");
-  const uint64_t file_bytes = static_cast<uint64_t>(end);
-  in.seekg(0);
+  absl::StatusOr<ReadOnlyFile> in = ReadOnlyFile::Open(path, "not a valid safetensors file");
+  if (!in.ok()) return in.status();
+  const uint64_t file_bytes = in->size();
 
-  absl::StatusOr<std::string> text = ReadHeaderText(path, in, file_bytes);
+  absl::StatusOr<std::string> text = ReadHeaderText(path, *in, file_bytes);
   if (!text.ok()) return text.status();
   SafetensorsFile file;
   file.path = path;
@@ -444,7 +396,7 @@ absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const Tenso
   }
   for (const TensorEntry& entry : entries) {
     if (wanted && !wanted(entry.name)) continue;
-    if (absl::Status s = ReadTensorData(path, in, data_start, entry, file); !s.ok()) return s;
+    if (absl::Status s = ReadTensorData(path, *in, data_start, entry, file); !s.ok()) return s;
   }
   return file;
 }

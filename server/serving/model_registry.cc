@@ -9,12 +9,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/read_only_file.h"
 #include "core/runtime_info.h"
 #include "core/weights.h"
 #include "server/observability/logging.h"
 
 namespace attnserve::server {
 namespace {
+
+// A config.json is a few hundred bytes; one far larger is no config (a sparse file declaring
+// gigabytes would otherwise be allocated whole before its first byte is parsed).
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
 
 absl::StatusOr<std::shared_ptr<const core::Layer>> LoadLayer(const ModelConfig& config) {
   core::LayerWeights weights;
@@ -36,7 +41,8 @@ absl::StatusOr<RepositoryModelConfig> ReadConfig(const ModelDir& dir,
     return ParseRepositoryModelConfig(*override, "the 'config' parameter");
   }
   if (dir.config_path.empty()) return RepositoryModelConfig{};
-  absl::StatusOr<std::string> text = ReadTextFile(dir.config_path);
+  absl::StatusOr<std::string> text =
+      core::ReadWholeFile(dir.config_path, "not a valid config", kMaxConfigBytes);
   if (!text.ok()) return text.status();
   return ParseRepositoryModelConfig(*text, dir.config_path);
 }

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -277,14 +275,6 @@ absl::StatusOr<ModelDir> ScanModelDir(const std::string& dir, const std::string&
   std::sort(model.versions.begin(), model.versions.end(),
             [](const VersionFile& a, const VersionFile& b) { return a.version < b.version; });
   return model;
-}
-
-absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in.is_open()) return absl::NotFoundError(absl::StrCat(path, ": cannot read it"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 std::vector<int64_t> WantedVersions(const VersionPolicy& policy,

@@ -82,9 +82,6 @@ absl::StatusOr<std::vector<std::string>> ListRepositoryModels(const std::string&
 // Unavailable when it cannot be read now (out of descriptors, an I/O error).
 absl::StatusOr<ModelDir> ScanModelDir(const std::string& dir, const std::string& name);
 
-// Reads a whole (small) text file, e.g. config.json.
-absl::StatusOr<std::string> ReadTextFile(const std::string& path);
-
 // The versions `policy` serves out of `available` (ascending), ascending.
 std::vector<int64_t> WantedVersions(const VersionPolicy& policy,
                                     const std::vector<int64_t>& available);

@@ -6,12 +6,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -204,6 +208,66 @@ TEST_F(SafetensorsTest, ARegularFileThatWillNotOpenSaysWhy) {
   EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
   EXPECT_TRUE(Contains(status, "cannot open the file: permission denied")) << status;
   EXPECT_TRUE(Contains(status, path)) << status;
+}
+
+TEST_F(SafetensorsTest, AFifoIsRefusedWithoutWaitingForAWriter) {
+  const std::string path = Path("pipe.safetensors");
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  std::future<absl::Status> read =
+      std::async(std::launch::async, [&] { return ReadSafetensors(path).status(); });
+  if (read.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    const int writer = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);  // lets the open return
+    read.wait();
+    ::close(writer);
+    FAIL() << "the read waited for a writer";
+  }
+  const absl::Status status = read.get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(Contains(status, "it is not a regular file")) << status;
+}
+
+// The type is checked on what was opened, not on the path before it: a path that names a
+// regular file when checked and a FIFO (renamed over it) when opened never blocks the reader.
+TEST_F(SafetensorsTest, APathSwappedForAFifoNeverBlocksTheReader) {
+  const std::string path = Path("swapped.safetensors");
+  const SafetensorsParts parts = MakeSafetensors({F32("a", {1}, {1})});
+  WriteSafetensorsFile(path, parts);
+  std::atomic<bool> stop = false;
+  std::thread swapper([&] {
+    for (int i = 0; !stop; ++i) {
+      const std::string next = Path(absl::StrCat("next", i));
+      if (i % 2 == 0) {
+        WriteSafetensorsFile(next, parts);
+      } else if (::mkfifo(next.c_str(), 0600) != 0) {
+        continue;
+      }
+      std::filesystem::rename(next, path);
+    }
+  });
+  // Detached, with its state shared: blocked (the defect), it could never be joined.
+  struct Reads {
+    std::atomic<bool> stop = false;
+    std::atomic<int> all = 0, regular = 0;
+    std::promise<void> ended;
+  };
+  auto reads = std::make_shared<Reads>();
+  std::future<void> ended = reads->ended.get_future();
+  std::thread([reads, path] {
+    while (!reads->stop) {
+      reads->regular += ReadSafetensors(path).ok();
+      ++reads->all;
+    }
+    reads->ended.set_value();
+  }).detach();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  stop = true;
+  swapper.join();
+  reads->stop = true;
+  // A read blocked opening a FIFO, since unlinked so that no writer can ever come, never ends.
+  ASSERT_EQ(ended.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "the reader is blocked opening a FIFO after " << reads->all << " reads";
+  EXPECT_GT(reads->regular, 0);
+  EXPECT_GT(reads->all, reads->regular) << "no read met the FIFO: the test tested nothing";
 }
 
 TEST_F(SafetensorsTest, ADirectoryIsRefusedNotCrashedOn) {

@@ -400,6 +400,12 @@ TEST(RepositoryTest, PollModeFollowsConfigChangesAndRemovedVersionsAndModels) {
   ASSERT_TRUE(
       WaitFor([&] { return absl::StrContains(client.Index("m", "2").reason(), "version_polcy"); }));
   EXPECT_EQ(client.Versions("m"), (States{{2, kReady}}));
+  // So is one far larger than a config, before it is read (a sparse file may declare terabytes).
+  repo.SetConfig("m", "{" + std::string(2 << 20, ' ') + "}");
+  ASSERT_TRUE(WaitFor([&] {
+    return absl::StrContains(client.Index("m", "2").reason(), "more than the 1048576");
+  })) << client.Index("m", "2").reason();
+  EXPECT_EQ(client.Versions("m"), (States{{2, kReady}}));
   fs::remove_all(fs::path(repo.dir()) / "m");
   ASSERT_TRUE(WaitFor([&] { return client.Versions("m").empty(); }));
   EXPECT_EQ(client.Forward("m", 0, nullptr).error_code(), grpc::StatusCode::NOT_FOUND);
