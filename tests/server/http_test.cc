@@ -413,6 +413,27 @@ TEST_F(HttpTest, RepositoryEndpointsAnswerAsTheGrpcApi) {
   EXPECT_EQ(HttpCall("GET", Url("/v2/repository/index")).status, 405);
 }
 
+// A load or unload without the admin token is answered 403 before its body is read: a caller who
+// may not load cannot hold a connection's thread, nor the body's memory, for the body's time.
+TEST(HttpRepositoryTest, ALoadWithoutTheAdminTokenIsRefusedBeforeItsBodyIsRead) {
+  ServerOptions options = DemoOptions();
+  options.admin_token_file = TempPath("http-admin-tokens");
+  std::ofstream(options.admin_token_file) << "admin-secret\n";
+  options.http_body_timeout_ms = 30000;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  for (const char* action : {"load", "unload"}) {
+    // Headers and the body's first byte; the other 4095 never come.
+    const std::string answer =
+        RawExchange(server->http_port(),
+                    absl::StrCat("POST /v2/repository/models/demo/", action,
+                                 " HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n{"),
+                    std::chrono::seconds(5));
+    EXPECT_EQ(RawStatus(answer), 403) << action << ": " << answer;
+    EXPECT_NE(answer.find("admin token"), std::string::npos) << answer;
+  }
+}
+
 TEST(HttpStatusTest, EveryCodeHasItsStatus) {
   EXPECT_EQ(HttpStatus(absl::OkStatus()), 200);
   EXPECT_EQ(HttpStatus(absl::InvalidArgumentError("")), 400);

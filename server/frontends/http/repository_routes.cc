@@ -51,9 +51,14 @@ absl::Status Await(Request request) {
   return answer.get();
 }
 
-absl::Status Authorize(const AdminAuthorizer& admin, const HttpExchange& exchange) {
+// Whether the caller may load and unload; if not, answered (403) before its body is read, and
+// the connection closed with the body unread, as a refused bearer token's.
+bool Authorized(const AdminAuthorizer& admin, HttpExchange& exchange) {
   const std::optional<absl::string_view> header = exchange.Header("Authorization");
-  return admin.Authorize(exchange.peer(), header.has_value() ? &*header : nullptr);
+  const absl::Status s = admin.Authorize(exchange.peer(), header.has_value() ? &*header : nullptr);
+  if (s.ok()) return true;
+  ReplyError(exchange, s, /*close=*/exchange.content_length() != 0);
+  return false;
 }
 
 }  // namespace
@@ -77,11 +82,9 @@ void AddRepositoryRoutes(ModelRegistry* registry, const AdminAuthorizer* admin,
   });
   router->Add("POST", "/v2/repository/models/{model}/load",
               [registry, admin, limits](HttpExchange& exchange) {
+                if (!Authorized(*admin, exchange)) return;
                 absl::StatusOr<std::string> body = ReadJsonBody(exchange, limits);
                 if (!body.ok()) return ReplyError(exchange, body.status(), /*close=*/true);
-                if (absl::Status s = Authorize(*admin, exchange); !s.ok()) {
-                  return ReplyError(exchange, s);
-                }
                 absl::StatusOr<std::optional<std::string>> config = ConfigParameter(*body);
                 if (!config.ok()) return ReplyError(exchange, config.status());
                 const std::string model = exchange.params.at("model");
@@ -92,11 +95,9 @@ void AddRepositoryRoutes(ModelRegistry* registry, const AdminAuthorizer* admin,
               });
   router->Add("POST", "/v2/repository/models/{model}/unload",
               [registry, admin, limits](HttpExchange& exchange) {
+                if (!Authorized(*admin, exchange)) return;
                 absl::StatusOr<std::string> body = ReadJsonBody(exchange, limits);
                 if (!body.ok()) return ReplyError(exchange, body.status(), /*close=*/true);
-                if (absl::Status s = Authorize(*admin, exchange); !s.ok()) {
-                  return ReplyError(exchange, s);
-                }
                 const std::string model = exchange.params.at("model");
                 const absl::Status unloaded =
                     Await([&](auto done) { registry->RequestUnload(model, std::move(done)); });
