@@ -361,15 +361,22 @@ absl::StatusOr<std::string> ReadHeaderText(const std::string& path, const ReadOn
   return text;
 }
 
-absl::Status ReadTensorData(const std::string& path, const ReadOnlyFile& in, uint64_t data_start,
-                            const TensorEntry& entry, SafetensorsFile& file) {
+// `entry` in `file`, with its dtype and shape; its data read and converted when `in` is given.
+absl::Status AddTensor(const std::string& path, const ReadOnlyFile* in, uint64_t data_start,
+                       const TensorEntry& entry, SafetensorsFile& file) {
   if (!IsConvertible(entry.dtype)) {
     return InvalidTensor(path, entry.name,
                          absl::StrCat("unsupported dtype '", NameForMessage(entry.dtype),
                                       "' (attnserve reads F32, F16 and BF16)"));
   }
+  if (in == nullptr) {
+    StoredTensor& tensor = file.tensors[entry.name];
+    tensor.dtype = entry.dtype;
+    tensor.shape = entry.shape;
+    return absl::OkStatus();
+  }
   std::vector<char> raw(entry.end - entry.begin);
-  if (!in.ReadAt(data_start + entry.begin, raw)) {
+  if (!in->ReadAt(data_start + entry.begin, raw)) {
     return InvalidTensor(path, entry.name, "read failed");
   }
   StoredTensor& tensor = file.tensors[entry.name];
@@ -379,7 +386,8 @@ absl::Status ReadTensorData(const std::string& path, const ReadOnlyFile& in, uin
   return absl::OkStatus();
 }
 
-absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const TensorFilter& wanted) {
+absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const TensorFilter& wanted,
+                                            bool read_data) {
   absl::StatusOr<ReadOnlyFile> in = ReadOnlyFile::Open(path, "not a valid safetensors file");
   if (!in.ok()) return in.status();
   const uint64_t file_bytes = in->size();
@@ -396,7 +404,10 @@ absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const Tenso
   }
   for (const TensorEntry& entry : entries) {
     if (wanted && !wanted(entry.name)) continue;
-    if (absl::Status s = ReadTensorData(path, *in, data_start, entry, file); !s.ok()) return s;
+    if (absl::Status s = AddTensor(path, read_data ? &*in : nullptr, data_start, entry, file);
+        !s.ok()) {
+      return s;
+    }
   }
   return file;
 }
@@ -420,7 +431,13 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
                                                 const TensorFilter& wanted) {
   return Guarded(path, absl::StatusCode::kInvalidArgument,
-                 [&] { return ReadChecked(path, wanted); });
+                 [&] { return ReadChecked(path, wanted, /*read_data=*/true); });
+}
+
+absl::StatusOr<SafetensorsFile> ReadSafetensorsHeader(const std::string& path,
+                                                      const TensorFilter& wanted) {
+  return Guarded(path, absl::StatusCode::kInvalidArgument,
+                 [&] { return ReadChecked(path, wanted, /*read_data=*/false); });
 }
 
 }  // namespace attnserve::core

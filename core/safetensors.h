@@ -44,6 +44,11 @@ using TensorFilter = std::function<bool(std::string_view name)>;
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
                                                 const TensorFilter& wanted);
 
+// The same checks, but no data read: the tensors `wanted` accepts with their dtype and shape, and
+// no values. What a loader checks a file's structure against before it reads any data.
+absl::StatusOr<SafetensorsFile> ReadSafetensorsHeader(const std::string& path,
+                                                      const TensorFilter& wanted);
+
 // `name` (of a tensor, a key, a dtype: read from a file) as a message quotes it: its first 100
 // bytes, marked as cut with its length when longer, since a name in a header may be megabytes.
 std::string NameForMessage(std::string_view name);

@@ -343,8 +343,10 @@ absl::StatusOr<LayerSpec> MakeSpec(const TensorSet& set, const Projections& p, i
   return spec;
 }
 
+// The layer of `set`. With `structure_only` (a set of shapes without values) it stops once the
+// layout, the names, the shapes and num_heads are checked, and answers the spec alone.
 absl::StatusOr<LayerWeights> BuildWeights(TensorSet& set, const SafetensorsFile& file,
-                                          const LoadOptions& options) {
+                                          const LoadOptions& options, bool structure_only) {
   std::optional<LayoutNames> names = DetectLayout(set);
   if (!names) {
     return set.FileError(absl::StrCat(
@@ -363,6 +365,12 @@ absl::StatusOr<LayerWeights> BuildWeights(TensorSet& set, const SafetensorsFile&
 
   LayerWeights weights;
   weights.spec = *spec;
+  if (structure_only) {
+    if (absl::Status s = CheckSpec(weights.spec); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(file.path, ": ", s.message()));
+    }
+    return weights;
+  }
   p->q.CopyPart(p->q_part, weights.w_q, weights.b_q);
   p->k.CopyPart(p->k_part, weights.w_k, weights.b_k);
   p->v.CopyPart(p->v_part, weights.w_v, weights.b_v);
@@ -373,22 +381,38 @@ absl::StatusOr<LayerWeights> BuildWeights(TensorSet& set, const SafetensorsFile&
   return weights;
 }
 
-absl::StatusOr<LayerWeights> LoadChecked(const std::string& path, const LoadOptions& options) {
+// The layer in `file` (read with or without its data), its tensors under the prefix.
+absl::StatusOr<LayerWeights> BuildFromFile(SafetensorsFile& file, const LoadOptions& options,
+                                           bool structure_only) {
   const std::string& prefix = options.prefix;
-  absl::StatusOr<SafetensorsFile> file =
-      ReadSafetensors(path, [&prefix](std::string_view name) { return name.starts_with(prefix); });
-  if (!file.ok()) return file.status();
   std::map<std::string, StoredTensor> mine;
-  for (auto& [name, tensor] : file->tensors) {
+  for (auto& [name, tensor] : file.tensors) {
     mine.emplace(name.substr(prefix.size()), std::move(tensor));
   }
   if (mine.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor",
+    return absl::InvalidArgumentError(absl::StrCat(file.path, ": no tensor",
                                                    prefix.empty() ? "" : " under the prefix '",
                                                    prefix, prefix.empty() ? "" : "'"));
   }
-  TensorSet set(path, prefix, std::move(mine));
-  return BuildWeights(set, *file, options);
+  TensorSet set(file.path, prefix, std::move(mine));
+  return BuildWeights(set, file, options, structure_only);
+}
+
+absl::StatusOr<LayerWeights> LoadChecked(const std::string& path, const LoadOptions& options) {
+  const std::string& prefix = options.prefix;
+  auto mine = [&prefix](std::string_view name) { return name.starts_with(prefix); };
+  // The structure first, from the header alone: a file refused for a stray, missing or misshapen
+  // tensor costs no memory for its data (a sparse file may declare gigabytes it never holds).
+  absl::StatusOr<SafetensorsFile> header = ReadSafetensorsHeader(path, mine);
+  if (!header.ok()) return header.status();
+  if (absl::StatusOr<LayerWeights> structure = BuildFromFile(*header, options, true);
+      !structure.ok()) {
+    return structure.status();
+  }
+  // Then the data: every check again, on what was read (the file may have changed meanwhile).
+  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path, mine);
+  if (!file.ok()) return file.status();
+  return BuildFromFile(*file, options, /*structure_only=*/false);
 }
 
 }  // namespace

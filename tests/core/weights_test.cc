@@ -230,6 +230,29 @@ TEST_F(LoadRefusalTest, RefusesUnexpectedTensors) {
   EXPECT_EQ(Code(torch), kInvalid);
 }
 
+// A file refused for its structure (a stray tensor) is refused from its header, none of its data
+// read: a sparse file declaring a gigabyte it holds as a hole costs no memory.
+TEST_F(LoadRefusalTest, AStrayTensorIsRefusedBeforeAnyDataIsRead) {
+  constexpr int64_t kJunkBytes = int64_t{1} << 30;
+  test::SafetensorsParts parts = MakeSafetensors(Fused(), {{"num_heads", "2"}});
+  const size_t layer_bytes = parts.data.size();
+  parts.header.pop_back();  // the closing brace
+  parts.header +=
+      absl::StrCat(",\"junk\":{\"dtype\":\"F32\",\"shape\":[", kJunkBytes / 4,
+                   "],\"data_offsets\":[", layer_bytes, ",", layer_bytes + kJunkBytes, "]}}");
+  test::WriteSafetensorsFile(path_, parts);
+  std::filesystem::resize_file(path_, 8 + parts.header.size() + layer_bytes + kJunkBytes);
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  const absl::Status status = LoadLayerWeights(path_, {}).status();
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_EQ(status.code(), kInvalid) << status;
+  EXPECT_NE(status.message().find("'junk' is unexpected"), std::string::npos) << status;
+  // ru_maxrss is in KiB; reading the tensor would take 2 GiB (its bytes and their floats).
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 << 10)
+      << "peak RSS grew by " << (after.ru_maxrss - before.ru_maxrss) / 1024 << " MiB";
+}
+
 TEST_F(LoadRefusalTest, RefusesShapesThatDisagree) {
   EXPECT_EQ(Code(With(Fused(), PatternTensor("Wqkv.weight", {23, 8}))), kInvalid);  // not 3 parts
   EXPECT_EQ(Code(With(Fused(), PatternTensor("Wo.weight", {8, 6}))), kInvalid);
