@@ -37,7 +37,8 @@ void Admission::Admit(Job* job) {
   absl::StatusOr<ModelRegistry::Found> found =
       requested.ok() ? registry_->Find(*requested, job->RequestedVersion()) : requested.status();
   if (!found.ok()) {
-    reporter_->Answer(*job, "", /*decoded=*/false, found.status(), {});
+    reporter_->Answer(*job, "", /*decoded=*/false, found.status(), {},
+                      requested.ok() ? *requested : absl::string_view());
     return;
   }
   ServedModel* model = found->model;

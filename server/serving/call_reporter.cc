@@ -31,7 +31,8 @@ CallReporter::CallReporter(Metrics* metrics)
       metrics_(metrics != nullptr ? metrics : disabled_.get()) {}
 
 void CallReporter::Answer(Job& job, absl::string_view model, bool decoded,
-                          const absl::Status& status, const RunInfo& run) {
+                          const absl::Status& status, const RunInfo& run,
+                          absl::string_view requested) {
   const double seconds = SecondsSince(job.arrival());
   const std::optional<core::AttentionKind> kind =
       decoded ? std::optional(job.args().kind) : std::nullopt;
@@ -56,7 +57,7 @@ void CallReporter::Answer(Job& job, absl::string_view model, bool decoded,
   } else if (LogEnabled(LogLevel::kDebug) || LogEnabled(FailureLevel(status.code()))) {
     const std::string code = absl::StatusCodeToString(status.code());
     failures_.Add(FailureLevel(status.code()), code, "forward failed",
-                  {{"model", std::string(model)},
+                  {{"model", model.empty() ? Clipped(requested) : std::string(model)},
                    {"kind", kind ? std::string(core::KindName(*kind)) : std::string()},
                    {"code", code},
                    {"error", std::string(status.message())},

@@ -25,10 +25,11 @@ class CallReporter {
   void Arrived() { metrics_->CallArrived(); }
 
   // Answers `job` with `status`. `model` is the served model's name, or "" when the call named
-  // none the server has (a client's text is never a label); `decoded` says whether job.args()
-  // holds the call (false for calls refused before decoding).
+  // none the server has (a client's text is never a label); then `requested`, the name it sent,
+  // is what its log line names (clipped). `decoded` says whether job.args() holds the call (false
+  // for calls refused before decoding).
   virtual void Answer(Job& job, absl::string_view model, bool decoded, const absl::Status& status,
-                      const RunInfo& run);
+                      const RunInfo& run, absl::string_view requested = {});
 
   // A decode session's message answered (any frontend): counted, and a refused or failed one
   // logged as failed calls are, under its own code's summary ("session RESOURCE_EXHAUSTED").

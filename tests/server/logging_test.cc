@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "attnserve/v1/attention.grpc.pb.h"
 #include "attnserve/v1/attention.pb.h"
 #include "grpc/support/log.h"
 #include "gtest/gtest.h"
@@ -14,9 +15,14 @@
 #include "server/observability/log_setup.h"
 #include "server/observability/log_summary.h"
 #include "server/serving/call_reporter.h"
+#include "tests/server/test_util.h"
 
 namespace attnserve::server {
 namespace {
+
+using testing::Connect;
+using testing::DemoRequest;
+using testing::StartServer;
 
 // Every line of `text` parsed as JSON (a line that is not JSON fails the test).
 std::vector<nlohmann::json> JsonLines(const std::string& text) {
@@ -99,6 +105,34 @@ TEST_F(LoggingTest, RefusedSessionMessagesAreLoggedAsFailedCallsAre) {
   EXPECT_EQ(lines[0]["model"], "m");
   EXPECT_EQ(lines[1]["level"], "info");
   EXPECT_EQ(lines[1]["code"], "INVALID_ARGUMENT");
+}
+
+// A call naming no model the server has is logged with the name it sent (clipped), though its
+// metrics count it under "" (a client's text is never a label).
+TEST_F(LoggingTest, ACallToAnUnknownModelIsLoggedWithTheNameItSent) {
+  std::unique_ptr<Server> server = StartServer(ServerOptions{});
+  ASSERT_NE(server, nullptr);
+  InitLogging(LogLevel::kInfo, LogFormat::kJson);  // after StartServer's (quiet) set-up
+  ::testing::internal::CaptureStderr();
+  {
+    auto stub = v1::AttentionService::NewStub(Connect(server->port()));
+    v1::ForwardRequest request = DemoRequest(1, 4, v1::ATTENTION_KIND_CAUSAL);
+    request.set_model("no-such-model");
+    v1::ForwardResponse response;
+    grpc::ClientContext context;
+    EXPECT_EQ(stub->Forward(&context, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+    server.reset();  // its reporter writes what it still counts
+  }
+  const std::vector<nlohmann::json> lines = JsonLines(::testing::internal::GetCapturedStderr());
+  int found = 0;
+  for (const nlohmann::json& line : lines) {
+    if (line.value("msg", "") != "forward failed") continue;
+    ++found;
+    EXPECT_EQ(line.value("model", ""), "no-such-model") << line;
+    EXPECT_EQ(line.value("code", ""), "NOT_FOUND") << line;
+  }
+  EXPECT_EQ(found, 1);
 }
 
 TEST_F(LoggingTest, SummarizerWritesEachEventAtDebug) {

@@ -162,12 +162,12 @@ class FakeJob final : public Job {
 class RecordingReporter final : public CallReporter {
  public:
   void Answer(Job& job, absl::string_view model, bool decoded, const absl::Status& status,
-              const RunInfo& run) override {
+              const RunInfo& run, absl::string_view requested) override {
     {
       std::lock_guard lock(mu_);
       runs_.push_back({std::string(model), run});
     }
-    CallReporter::Answer(job, model, decoded, status, run);
+    CallReporter::Answer(job, model, decoded, status, run, requested);
   }
   struct Record {
     std::string model;
