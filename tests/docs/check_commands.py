@@ -41,7 +41,7 @@ SERVER_START_SECONDS = 30
 # Shell blocks that cannot run in a test, by page and first line, with the reason. A block listed
 # here that no longer exists fails the test too, so the list stays true.
 UNRUNNABLE = {
-    ("README.md", "# serve: installs the dependencies, builds into build/, serves the built-in demo layer on port 50051"):
+    ("README.md", "# serve: installs the dependencies, builds into build/, serves the built-in demo layer"):
         "installs packages, builds, and the server runs until stopped; the test command runs everything",
     ("README.md", "deploy/docker-build.sh       # the image `attnserve` (docker, else podman)"):
         "needs podman or docker and the Debian images, then a Kubernetes cluster",
