@@ -47,6 +47,14 @@ absl::StatusOr<RepositoryModelConfig> ReadConfig(const ModelDir& dir,
   return ParseRepositoryModelConfig(*text, dir.config_path);
 }
 
+// The stamp of the config.json a load used, or none when a load request's `config` parameter
+// stood in for it.
+std::optional<std::string> FileStampUnlessOverridden(const ModelDir& dir,
+                                                     const std::optional<std::string>& override) {
+  if (override.has_value()) return std::nullopt;
+  return dir.config_stamp;
+}
+
 // Runs `work` on a thread of its own at a low priority and waits for it. Loads run beside
 // serving on the same cores, so the loading thread reads and converts on one OpenMP thread (two
 // OpenMP teams on the same cores make every compute run wait for a descheduled thread) at nice
@@ -243,7 +251,7 @@ absl::Status ModelRegistry::Reconcile(const std::string& name,
   }
   absl::StatusOr<RepositoryModelConfig> config = ReadConfig(*dir, override);
   if (!config.ok()) {
-    ConfigFailed(name, override ? "" : dir->config_stamp, config.status());
+    ConfigFailed(name, FileStampUnlessOverridden(*dir, override), config.status());
     return config.status();
   }
   LoadPlan plan;
@@ -259,7 +267,7 @@ absl::Status ModelRegistry::Reconcile(const std::string& name,
       const absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
           "model '", name, "': its version_policy names no version in ", options_.repository, "/",
           name, " (there: ", absl::StrJoin(available, ", "), ")"));
-      ConfigFailedLocked(*model, override ? "" : dir->config_stamp, refused);
+      ConfigFailedLocked(*model, FileStampUnlessOverridden(*dir, override), refused);
       return refused;
     }
     if (available.empty() && !polling) return NoVersions(name);
@@ -398,22 +406,24 @@ void ModelRegistry::RetireLocked(ServedModel& model, const VersionHandle& versio
       {{"model", model.name}, {"version", version->version}, {"why", why}});
 }
 
-void ModelRegistry::ConfigFailed(const std::string& name, const std::string& stamp,
+void ModelRegistry::ConfigFailed(const std::string& name, const std::optional<std::string>& stamp,
                                  const absl::Status& why) {
   std::lock_guard lock(mu_);
   ConfigFailedLocked(ModelLocked(name), stamp, why);
 }
 
-void ModelRegistry::ConfigFailedLocked(ServedModel& model, const std::string& stamp,
+void ModelRegistry::ConfigFailedLocked(ServedModel& model, const std::optional<std::string>& stamp,
                                        const absl::Status& why) {
   const std::string& name = model.name;
-  const bool again = !stamp.empty() && model.config_stamp == stamp && !model.config_error.empty();
-  model.config_stamp = stamp;
-  model.config_error = std::string(why.message());
-  if (again) return;  // the same refused file: reported once
+  if (stamp.has_value()) {
+    const bool again = model.config_stamp == *stamp && !model.config_error.empty();
+    model.config_stamp = *stamp;
+    model.config_error = std::string(why.message());
+    if (again) return;  // the same refused file: reported once
+  }
   reporter_->metrics().ModelLoadFailed(name);
   Log(LogLevel::kWarn, "model config refused; the serving versions are untouched",
-      {{"model", name}, {"error", model.config_error}});
+      {{"model", name}, {"error", std::string(why.message())}});
 }
 
 absl::Status ModelRegistry::Unload(const std::string& name) {

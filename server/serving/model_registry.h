@@ -144,8 +144,13 @@ class ModelRegistry {
   absl::Status Publish(ServedModel& model, const RepositoryModelConfig& config, LoadPlan& plan);
   absl::Status Unload(const std::string& name);
   void RetireLocked(ServedModel& model, const VersionHandle& version, const std::string& why);
-  void ConfigFailed(const std::string& name, const std::string& stamp, const absl::Status& why);
-  void ConfigFailedLocked(ServedModel& model, const std::string& stamp, const absl::Status& why);
+  // A config refused (counted, logged): a config.json, by its `stamp`, is kept as the model's
+  // config error in the index until it changes, and reported once; a load request's `config`
+  // parameter (no stamp) is answered to its caller and not kept, since its load changed nothing.
+  void ConfigFailed(const std::string& name, const std::optional<std::string>& stamp,
+                    const absl::Status& why);
+  void ConfigFailedLocked(ServedModel& model, const std::optional<std::string>& stamp,
+                          const absl::Status& why);
   // NotFound: `name` has no version file in the repository.
   absl::Status NoVersions(const std::string& name) const;
   void Poll();

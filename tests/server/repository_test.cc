@@ -468,6 +468,11 @@ TEST(RepositoryTest, ExplicitModeLoadsOnlyWhatIsAskedAndRollsBack) {
   EXPECT_EQ(bad_config.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(bad_config.error_message(), "'colour'"));
   EXPECT_TRUE(absl::StrContains(bad_config.error_message(), "the 'config' parameter"));
+  // Answered to its caller, the refused load changed nothing: the index does not carry it.
+  EXPECT_FALSE(absl::StrContains(client.Index("m", "2").reason(), "colour"))
+      << client.Index("m", "2").reason();
+  ASSERT_TRUE(client.Load("m").ok());
+  EXPECT_EQ(client.Index("m", "2").reason(), "");
 }
 
 // KServe's model agent drives the same API over REST: load (with the config override),
