@@ -361,33 +361,32 @@ absl::StatusOr<std::string> ReadHeaderText(const std::string& path, const ReadOn
   return text;
 }
 
-// `entry` in `file`, with its dtype and shape; its data read and converted when `in` is given.
-absl::Status AddTensor(const std::string& path, const ReadOnlyFile* in, uint64_t data_start,
-                       const TensorEntry& entry, SafetensorsFile& file) {
+// `entry` in `file`, with its dtype and shape (no values yet).
+absl::Status AddTensor(const std::string& path, const TensorEntry& entry, SafetensorsFile& file) {
   if (!IsConvertible(entry.dtype)) {
     return InvalidTensor(path, entry.name,
                          absl::StrCat("unsupported dtype '", NameForMessage(entry.dtype),
                                       "' (attnserve reads F32, F16 and BF16)"));
   }
-  if (in == nullptr) {
-    StoredTensor& tensor = file.tensors[entry.name];
-    tensor.dtype = entry.dtype;
-    tensor.shape = entry.shape;
-    return absl::OkStatus();
-  }
-  std::vector<char> raw(entry.end - entry.begin);
-  if (!in->ReadAt(data_start + entry.begin, raw)) {
-    return InvalidTensor(path, entry.name, "read failed");
-  }
   StoredTensor& tensor = file.tensors[entry.name];
   tensor.dtype = entry.dtype;
   tensor.shape = entry.shape;
-  tensor.values = ConvertToFloat(entry.dtype, raw);
+  return absl::OkStatus();
+}
+
+// `entry`'s data, read and converted into its tensor in `file`.
+absl::Status ReadTensorData(const std::string& path, const ReadOnlyFile& in, uint64_t data_start,
+                            const TensorEntry& entry, SafetensorsFile& file) {
+  std::vector<char> raw(entry.end - entry.begin);
+  if (!in.ReadAt(data_start + entry.begin, raw)) {
+    return InvalidTensor(path, entry.name, "read failed");
+  }
+  file.tensors[entry.name].values = ConvertToFloat(entry.dtype, raw);
   return absl::OkStatus();
 }
 
 absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const TensorFilter& wanted,
-                                            bool read_data) {
+                                            const StructureCheck& check) {
   absl::StatusOr<ReadOnlyFile> in = ReadOnlyFile::Open(path, "not a valid safetensors file");
   if (!in.ok()) return in.status();
   const uint64_t file_bytes = in->size();
@@ -402,12 +401,15 @@ absl::StatusOr<SafetensorsFile> ReadChecked(const std::string& path, const Tenso
   if (absl::Status s = CheckLayout(path, entries, file_bytes - data_start, file_bytes); !s.ok()) {
     return s;
   }
+  std::erase_if(entries, [&](const TensorEntry& entry) { return wanted && !wanted(entry.name); });
   for (const TensorEntry& entry : entries) {
-    if (wanted && !wanted(entry.name)) continue;
-    if (absl::Status s = AddTensor(path, read_data ? &*in : nullptr, data_start, entry, file);
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = AddTensor(path, entry, file); !s.ok()) return s;
+  }
+  if (check) {
+    if (absl::Status s = check(file); !s.ok()) return s;
+  }
+  for (const TensorEntry& entry : entries) {
+    if (absl::Status s = ReadTensorData(path, *in, data_start, entry, file); !s.ok()) return s;
   }
   return file;
 }
@@ -424,20 +426,14 @@ std::string NameForMessage(std::string_view name) {
 }
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  return ReadSafetensors(path, TensorFilter());
+  return ReadSafetensors(path, TensorFilter(), StructureCheck());
 }
 
 // nlohmann may still throw on a file we failed to foresee: the file is at fault.
-absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
-                                                const TensorFilter& wanted) {
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path, const TensorFilter& wanted,
+                                                const StructureCheck& check) {
   return Guarded(path, absl::StatusCode::kInvalidArgument,
-                 [&] { return ReadChecked(path, wanted, /*read_data=*/true); });
-}
-
-absl::StatusOr<SafetensorsFile> ReadSafetensorsHeader(const std::string& path,
-                                                      const TensorFilter& wanted) {
-  return Guarded(path, absl::StatusCode::kInvalidArgument,
-                 [&] { return ReadChecked(path, wanted, /*read_data=*/false); });
+                 [&] { return ReadChecked(path, wanted, check); });
 }
 
 }  // namespace attnserve::core

@@ -39,15 +39,16 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
 // Says which tensors to read; an empty filter reads them all.
 using TensorFilter = std::function<bool(std::string_view name)>;
 
-// Like the above, but converts only the tensors `wanted` accepts: the others (e.g. the rest of a
-// bigger model, in any dtype) are still checked for layout but neither read nor refused.
-absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
-                                                const TensorFilter& wanted);
+// Given the file with the wanted tensors' dtypes and shapes and no values yet: an error refuses
+// the file before any of its data is read.
+using StructureCheck = std::function<absl::Status(const SafetensorsFile& header)>;
 
-// The same checks, but no data read: the tensors `wanted` accepts with their dtype and shape, and
-// no values. What a loader checks a file's structure against before it reads any data.
-absl::StatusOr<SafetensorsFile> ReadSafetensorsHeader(const std::string& path,
-                                                      const TensorFilter& wanted);
+// Like the above, but converts only the tensors `wanted` accepts: the others (e.g. the rest of a
+// bigger model, in any dtype) are still checked for layout but neither read nor refused. `check`,
+// when given, sees the header first (one open, one parse): a loader refuses a file by its
+// structure without reading a byte of its data.
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path, const TensorFilter& wanted,
+                                                const StructureCheck& check = {});
 
 // `name` (of a tensor, a key, a dtype: read from a file) as a message quotes it: its first 100
 // bytes, marked as cut with its length when longer, since a name in a header may be megabytes.

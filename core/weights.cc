@@ -403,14 +403,11 @@ absl::StatusOr<LayerWeights> LoadChecked(const std::string& path, const LoadOpti
   auto mine = [&prefix](std::string_view name) { return name.starts_with(prefix); };
   // The structure first, from the header alone: a file refused for a stray, missing or misshapen
   // tensor costs no memory for its data (a sparse file may declare gigabytes it never holds).
-  absl::StatusOr<SafetensorsFile> header = ReadSafetensorsHeader(path, mine);
-  if (!header.ok()) return header.status();
-  if (absl::StatusOr<LayerWeights> structure = BuildFromFile(*header, options, true);
-      !structure.ok()) {
-    return structure.status();
-  }
-  // Then the data: every check again, on what was read (the file may have changed meanwhile).
-  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path, mine);
+  auto structure = [&options](const SafetensorsFile& header) {
+    SafetensorsFile shapes = header;  // names and shapes: BuildFromFile takes them
+    return BuildFromFile(shapes, options, /*structure_only=*/true).status();
+  };
+  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path, mine, structure);
   if (!file.ok()) return file.status();
   return BuildFromFile(*file, options, /*structure_only=*/false);
 }
