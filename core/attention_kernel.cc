@@ -281,8 +281,8 @@ void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels,
   const int64_t pack_rows = std::min(PackRows(p, threads), max_pack_rows);
   const int64_t slice = SliceFloats(p.head_dim, pack_rows);
   float* storage = TeamStorage(slice * threads);
-#pragma omp parallel num_threads(threads)
-  {
+  // Each thread's share (worksharing loops, orphaned: they bind to the team that runs this).
+  auto work = [&] {
     TileScratch scratch(storage + omp_get_thread_num() * slice, p.head_dim, pack_rows);
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t i = 0; i < num_tasks; ++i) RunTask(p, tasks[i], kernels, scratch);
@@ -292,7 +292,14 @@ void RunAttentionWith(const AttentionProblem& p, const TileKernels& kernels,
         ZeroPaddedProbRows(p, bh / p.num_heads, bh % p.num_heads);
       }
     }
+  };
+  if (threads == 1) {
+    // No region: ending one costs a futex call even on a team of one (parallel_for.h).
+    work();
+    return;
   }
+#pragma omp parallel num_threads(threads)
+  work();
 }
 
 }  // namespace internal

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "core/parallel_for.h"
 
 // One body, compiled three times: for AVX-512, for AVX2 + FMA (per-function target attributes,
 // no global flags) and portable; the widest the CPU has is chosen once at run time, as the
@@ -633,14 +634,16 @@ void Attend(const Flavour& flavour, std::span<const KvQuery> queries, int64_t nu
   }
   const int64_t groups = (num_heads + group - 1) / group;
   const int64_t items = tiles_n * groups;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t item = 0; item < items; ++item) {
-    const auto [first_query, count] = tiles[item / groups];
-    const KvQuery* tile = queries.data() + first_query;
-    const int64_t first = item % groups * group;
-    (tile->kv->precision() == KvPrecision::kBF16 ? flavour.bf16 : flavour.f32)(
-        tile, count, first, std::min(group, num_heads - first), head_dim, scale);
-  }
+  ParallelFor(
+      parallel, items,
+      [&](int64_t item) {
+        const auto [first_query, count] = tiles[item / groups];
+        const KvQuery* tile = queries.data() + first_query;
+        const int64_t first = item % groups * group;
+        (tile->kv->precision() == KvPrecision::kBF16 ? flavour.bf16 : flavour.f32)(
+            tile, count, first, std::min(group, num_heads - first), head_dim, scale);
+      },
+      LoopSchedule::kDynamic);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "core/guarded.h"
 #include "core/kv_attention.h"
 #include "core/layer_limits.h"
+#include "core/parallel_for.h"
 #include "core/small_matmul.h"
 
 namespace attnserve::core {
@@ -36,8 +37,7 @@ const void* PackRows(const RaggedBatch& batch, std::span<const int64_t> offsets,
   char* out = static_cast<char*>(buffer.Get(rows * width * element));
   if (batch.segmented()) {
     // Each sequence is contiguous in its own buffer: one block copy per sequence.
-#pragma omp parallel for schedule(static) if (valid * width > kParallelFloats)
-    for (int64_t b = 0; b < batch.batch(); ++b) {
+    ParallelFor(valid * width > kParallelFloats, batch.batch(), [&](int64_t b) {
       const float* src = batch.sequence_data[b];
       const int64_t count = batch.lengths[b] * width;
       if (bf16) {
@@ -45,18 +45,17 @@ const void* PackRows(const RaggedBatch& batch, std::span<const int64_t> offsets,
       } else if (count > 0) {
         std::memcpy(out + offsets[b] * width * 4, src, count * 4);
       }
-    }
+    });
     std::memset(out + valid * width * element, 0, (rows - valid) * width * element);
     return out;
   }
   const int64_t src_rows = batch.packed() ? valid : batch.rows();
   const int64_t padded = batch.padded_length;
-#pragma omp parallel for schedule(static) if (src_rows * width > kParallelFloats)
-  for (int64_t r = 0; r < src_rows; ++r) {
+  ParallelFor(src_rows * width > kParallelFloats, src_rows, [&](int64_t r) {
     int64_t dst = r;
     if (!batch.packed()) {
       const int64_t b = r / padded, i = r % padded;
-      if (i >= batch.lengths[b]) continue;
+      if (i >= batch.lengths[b]) return;
       dst = offsets[b] + i;
     }
     const float* src = batch.data + r * width;
@@ -65,7 +64,7 @@ const void* PackRows(const RaggedBatch& batch, std::span<const int64_t> offsets,
     } else {
       std::memcpy(out + dst * width * 4, src, width * 4);
     }
-  }
+  });
   std::memset(out + valid * width * element, 0, (rows - valid) * width * element);
   return out;
 }
@@ -82,8 +81,7 @@ void ScatterRows(const RaggedBatch& batch, std::span<const int64_t> offsets, con
   }
   const int64_t padded = batch.padded_length;
   const int64_t rows_out = batch.rows();
-#pragma omp parallel for schedule(static) if (rows_out * width > kParallelFloats)
-  for (int64_t r = 0; r < rows_out; ++r) {
+  ParallelFor(rows_out * width > kParallelFloats, rows_out, [&](int64_t r) {
     const int64_t b = r / padded, i = r % padded;
     float* dst = output.data() + r * width;
     if (i < batch.lengths[b]) {
@@ -91,7 +89,7 @@ void ScatterRows(const RaggedBatch& batch, std::span<const int64_t> offsets, con
     } else {
       std::memset(dst, 0, width * sizeof(float));
     }
-  }
+  });
 }
 
 // One call's batches in packed form, shared by the steps of Forward.
@@ -518,8 +516,8 @@ absl::Status Layer::Impl::ProjectOutput(const PackedCall& call, float* attended,
   if (bf16()) {
     uint16_t* a16 = scratch.attention16.As<uint16_t>(call.rows * inner);
     const int64_t rows = call.rows;
-#pragma omp parallel for schedule(static) if (rows * inner > kParallelFloats)
-    for (int64_t r = 0; r < rows; ++r) ConvertToBf16(attended + r * inner, a16 + r * inner, inner);
+    ParallelFor(rows * inner > kParallelFloats, rows,
+                [&](int64_t r) { ConvertToBf16(attended + r * inner, a16 + r * inner, inner); });
     a = a16;
   }
   // The packed input is no longer needed: its buffer holds the projected rows.
