@@ -174,7 +174,7 @@ Methods AttnserveMethods(const std::string& model, int width) {
 }
 
 int Drive(const std::string& target, int pid, const Methods& methods, int messages, int per_stream,
-          int in_flight) {
+          int in_flight, const std::string& phases) {
   grpc::GenericStub stub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   auto unary = [&](int count) {
     for (int i = 0; i < count; ++i) {
@@ -219,14 +219,19 @@ int Drive(const std::string& target, int pid, const Methods& methods, int messag
     if (!ok) std::fprintf(stderr, "grpc_floor: calls to %s failed\n", target.c_str());
     return ok.load();
   };
-  double before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
-  if (!concurrently(unary, calls_each)) return 1;
-  const double unary_cpu =
-      (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) / (calls_each * in_flight);
-  before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
-  if (!concurrently(streams, streams_each)) return 1;
-  const double stream_cpu = (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) /
-                            (streams_each * per_stream * in_flight);
+  double unary_cpu = 0, stream_cpu = 0;
+  if (phases != "stream") {
+    const double before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
+    if (!concurrently(unary, calls_each)) return 1;
+    unary_cpu =
+        (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) / (calls_each * in_flight);
+  }
+  if (phases != "unary") {
+    const double before = attnserve::bench::CpuSeconds(pid, "grpc_floor");
+    if (!concurrently(streams, streams_each)) return 1;
+    stream_cpu = (attnserve::bench::CpuSeconds(pid, "grpc_floor") - before) /
+                 (streams_each * per_stream * in_flight);
+  }
   std::printf("{\"unary_cpu_us\": %.2f, \"stream_message_cpu_us\": %.2f}\n", unary_cpu * 1e6,
               stream_cpu * 1e6);
   return 0;
@@ -237,7 +242,7 @@ int Drive(const std::string& target, int pid, const Methods& methods, int messag
 int main(int argc, char** argv) {
   CLI::App app("gRPC's floor: a callback server that echoes bytes");
   std::string listen = "127.0.0.1:0", port_file, drive;
-  std::string attnserve_model;
+  std::string attnserve_model, phases = "both";
   int pid = 0, messages = 4128, per_stream = 129, in_flight = 1, width = 256;
   app.add_option("--listen", listen, "host:port (port 0: any free one)");
   app.add_option("--port-file", port_file, "where to write the bound port");
@@ -252,11 +257,16 @@ int main(int argc, char** argv) {
                  "--drive: call this model of an attnserve server (1x1 causal Forward calls, "
                  "Decode streams of 1-token steps) instead of the echo server");
   app.add_option("--width", width, "--attnserve: the model's d_model");
+  app.add_option("--phases", phases,
+                 "--drive: unary, stream or both (one phase alone, to profile it; the other "
+                 "prints 0)")
+      ->check(CLI::IsMember({"unary", "stream", "both"}));
   CLI11_PARSE(app, argc, argv);
   if (!drive.empty()) {
     const Methods methods =
         attnserve_model.empty() ? EchoMethods() : AttnserveMethods(attnserve_model, width);
-    return Drive(drive, pid, methods, messages, std::max(per_stream, 1), std::max(in_flight, 1));
+    return Drive(drive, pid, methods, messages, std::max(per_stream, 1), std::max(in_flight, 1),
+                 phases);
   }
   if (port_file.empty()) {
     std::fprintf(stderr, "grpc_floor: --port-file (serving) or --drive (the client)\n");
