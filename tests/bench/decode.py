@@ -24,8 +24,9 @@ load tester (attnserve-client bench --decode/--json); Python only orchestrates. 
 - server CPU (/proc/PID/stat utime + stime) per 1-token streamed step / per unary 1x1 Forward
   (target <= 0.6), 1 and 16 in flight, with the load tester as the client and with gRPC's
   generic client (grpc_floor --drive --attnserve); beside the same ratio for gRPC alone with that
-  client (grpc_floor.cc, an echo server), and attnserve's own CPU above gRPC's per step and per
-  call;
+  client (grpc_floor.cc: attnserve's Forward and Decode, registered as attnserve registers them,
+  answered with canned replies of the same size), and attnserve's own CPU above gRPC's per step
+  and per call;
 - step latency p99 of 32 sessions with and without 4096-token prompts arriving (chunked
   prefill; target <= 2x), and the same with causal cross sessions of 16,384-token contexts
   arriving (a context is projected as the queries reach it, so held to the same);
@@ -390,8 +391,10 @@ def generic_client_rows(build, pid, target, messages, reps, label, names, model=
 
 def grpc_floor(build, workdir, messages, reps):
     """gRPC's own server CPU per streamed message and per unary call, 1 and 16 in flight:
-    grpc_floor.cc (a callback server, as attnserve's, that only echoes bytes, 1 KiB messages as a
-    demo step's) driven by its own client. Returns {in_flight: (message, call)}."""
+    grpc_floor.cc (a callback server, as attnserve's, serving attnserve.v1's Forward and Decode
+    as attnserve registers them, and answering each call and step with a canned reply of the
+    demo layer's size) driven by its own client with attnserve's messages. Returns
+    {in_flight: (message, call)}."""
     binary = os.path.join(build, "tests", "bench", "grpc_floor")
     port_file = os.path.join(workdir, "grpc-floor-port")
     if os.path.exists(port_file):
@@ -401,7 +404,7 @@ def grpc_floor(build, workdir, messages, reps):
         port = wait_for_port(proc, port_file, "grpc_floor", timeout=30)
         return generic_client_rows(build, proc.pid, f"127.0.0.1:{port}", messages, reps,
                                    "gRPC alone (grpc_floor)",
-                                   ("streamed message", "unary call"))
+                                   ("streamed message", "unary call"), "demo")
     finally:
         proc.terminate()
         proc.wait()

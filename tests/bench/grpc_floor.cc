@@ -1,17 +1,20 @@
 // grpc_floor: gRPC's own server cost of a message on a stream and of a unary call, the floor
 // under a Decode step and a Forward call (decode.py measures both beside attnserve's): a callback
-// server, as attnserve's, that echoes bytes and does nothing else. "/floor/Unary" answers its one
-// message and ends, as a unary handler does; any other method echoes every message of a stream.
-// --drive is its C++ client (gRPC's generic stub, callback API): --in-flight callers at once,
-// unary calls then streams of --per-stream messages each waiting for its echo, and prints the
-// server's CPU (/proc/PID/stat) per unary call and per streamed message. With --attnserve MODEL
-// the same client calls an attnserve server instead (1x1 causal Forward calls, Decode streams of
-// 1-token steps, each answer checked), so that attnserve's CPU differs from the floor's by
-// attnserve's own work alone, whatever the load tester costs.
+// server, as attnserve's, that does no work of its own. It serves attnserve.v1's Forward and
+// Decode as attnserve registers them (raw callback methods: a unary reactor gRPC may finish on
+// the answering thread, a bidi reactor), answering every call and every message with a reply
+// made once, of the size attnserve's has; and any other method as an echo of bytes
+// ("/floor/Unary" answers its one message and ends, as a unary handler does; any other echoes
+// every message of a stream). --drive is its C++ client (gRPC's generic stub, callback API):
+// --in-flight callers at once, unary calls then streams of --per-stream messages each waiting
+// for its answer, and prints the server's CPU (/proc/PID/stat) per unary call and per streamed
+// message. With --attnserve MODEL the client makes 1x1 causal Forward calls and Decode streams of
+// 1-token steps (each answer checked), to this server or to attnserve, so that attnserve's CPU
+// differs from this floor's by attnserve's own work alone, whatever the client costs.
 //
-//   grpc_floor --listen 127.0.0.1:0 --port-file FILE
+//   grpc_floor --listen 127.0.0.1:0 --port-file FILE [--width 256]
 //   grpc_floor --drive 127.0.0.1:PORT --pid SERVER_PID [--messages 4128] [--per-stream 129]
-//              [--in-flight 1] [--attnserve MODEL --width 256]
+//              [--in-flight 1] [--attnserve MODEL --width 256] [--phases unary|stream|both]
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "attnserve/v1/attention.grpc.pb.h"
 #include "attnserve/v1/attention.pb.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -67,6 +71,84 @@ class EchoService final : public grpc::CallbackGenericService {
       grpc::GenericCallbackServerContext* context) override {
     return new Echo(context->method() == "/floor/Unary");
   }
+};
+
+grpc::ByteBuffer Bytes(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// A [1, 1, width] tensor of zeros, raw.
+attnserve::v1::Tensor Zeros(int width) {
+  attnserve::v1::Tensor tensor;
+  tensor.add_shape(1);
+  tensor.add_shape(1);
+  tensor.add_shape(width);
+  tensor.set_raw(std::string(static_cast<size_t>(width) * sizeof(float), '\0'));
+  return tensor;
+}
+
+// One Decode stream: each message read is answered with `reply`, then the next is read.
+class CannedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit CannedStream(const std::string& reply) : reply_(reply) { StartRead(&request_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    request_.Clear();
+    answer_ = Bytes(reply_);
+    StartWrite(&answer_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (ok) {
+      StartRead(&request_);
+    } else {
+      Finish(grpc::Status::OK);
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  const std::string& reply_;
+  grpc::ByteBuffer request_, answer_;
+};
+
+// attnserve.v1's Forward and Decode, registered as attnserve registers them, answered with
+// replies of the size a `width`-wide model's are (a 1x1 output; a step's output and position).
+class CannedAttention final : public attnserve::v1::AttentionService::WithRawCallbackMethod_Forward<
+                                  attnserve::v1::AttentionService::WithRawCallbackMethod_Decode<
+                                      attnserve::v1::AttentionService::Service>> {
+ public:
+  explicit CannedAttention(int width) {
+    attnserve::v1::ForwardResponse forward;
+    *forward.mutable_output() = Zeros(width);
+    forward_reply_ = forward.SerializeAsString();
+    attnserve::v1::DecodeResponse step;
+    *step.mutable_output() = Zeros(width);
+    step.add_positions(1);
+    step_reply_ = step.SerializeAsString();
+  }
+
+  // Finished at once on gRPC's default reactor, which gRPC may finish on the answering thread,
+  // as attnserve's Forward reactor is.
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
+                                    const grpc::ByteBuffer* /*request*/,
+                                    grpc::ByteBuffer* response) override {
+    *response = Bytes(forward_reply_);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Decode(
+      grpc::CallbackServerContext* /*context*/) override {
+    return new CannedStream(step_reply_);
+  }
+
+ private:
+  std::string forward_reply_, step_reply_;
 };
 
 // What the driver calls: the echo server's two methods, or attnserve's Forward and Decode.
@@ -136,11 +218,6 @@ class PingPong final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
   std::promise<grpc::Status> done_;
 };
 
-grpc::ByteBuffer Bytes(const std::string& bytes) {
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 // Echoes of 1 KiB, a demo step's input (1 x 256 f32).
 Methods EchoMethods() {
   Methods methods;
@@ -151,11 +228,7 @@ Methods EchoMethods() {
 // A 1x1 causal Forward of `model` and the Decode steps of one token (each repeating the model
 // and kind, as a session's messages may), `width` wide, zeros, raw.
 Methods AttnserveMethods(const std::string& model, int width) {
-  attnserve::v1::Tensor input;
-  input.add_shape(1);
-  input.add_shape(1);
-  input.add_shape(width);
-  input.set_raw(std::string(static_cast<size_t>(width) * sizeof(float), '\0'));
+  const attnserve::v1::Tensor input = Zeros(width);
   attnserve::v1::ForwardRequest forward;
   forward.set_model(model);
   forward.set_kind(attnserve::v1::ATTENTION_KIND_CAUSAL);
@@ -256,7 +329,8 @@ int main(int argc, char** argv) {
   app.add_option("--attnserve", attnserve_model,
                  "--drive: call this model of an attnserve server (1x1 causal Forward calls, "
                  "Decode streams of 1-token steps) instead of the echo server");
-  app.add_option("--width", width, "--attnserve: the model's d_model");
+  app.add_option("--width", width,
+                 "--attnserve: the model's d_model; serving: the width of the canned replies");
   app.add_option("--phases", phases,
                  "--drive: unary, stream or both (one phase alone, to profile it; the other "
                  "prints 0)")
@@ -273,11 +347,13 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  EchoService service;
+  EchoService echo;
+  CannedAttention attention(width);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterCallbackGenericService(&service);
+  builder.RegisterService(&attention);
+  builder.RegisterCallbackGenericService(&echo);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "grpc_floor: cannot listen on %s\n", listen.c_str());
