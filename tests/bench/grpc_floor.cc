@@ -39,14 +39,27 @@
 
 namespace {
 
-class Echo final : public grpc::ServerGenericBidiReactor {
+grpc::ByteBuffer Bytes(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// A stream that answers each message it reads, then reads the next: with the message itself
+// (an echo), or with `reply` when one is given. `unary`: answers its one message and ends, as a
+// unary handler does.
+class Answering final : public grpc::ServerGenericBidiReactor {
  public:
-  explicit Echo(bool unary) : unary_(unary) { StartRead(&message_); }
+  Answering(bool unary, const std::string* reply) : unary_(unary), reply_(reply) {
+    StartRead(&message_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status::OK);
-    } else if (unary_) {
+      return;
+    }
+    if (reply_ != nullptr) message_ = Bytes(*reply_);
+    if (unary_) {
       StartWriteAndFinish(&message_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
       StartWrite(&message_);
@@ -63,20 +76,16 @@ class Echo final : public grpc::ServerGenericBidiReactor {
 
  private:
   const bool unary_;
-  grpc::ByteBuffer message_;
+  const std::string* const reply_;
+  grpc::ByteBuffer message_;  // read, then answered: one at a time
 };
 
 class EchoService final : public grpc::CallbackGenericService {
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* context) override {
-    return new Echo(context->method() == "/floor/Unary");
+    return new Answering(context->method() == "/floor/Unary", /*reply=*/nullptr);
   }
 };
-
-grpc::ByteBuffer Bytes(const std::string& bytes) {
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
-}
 
 // A [1, 1, width] tensor of zeros, raw.
 attnserve::v1::Tensor Zeros(int width) {
@@ -87,34 +96,6 @@ attnserve::v1::Tensor Zeros(int width) {
   tensor.set_raw(std::string(static_cast<size_t>(width) * sizeof(float), '\0'));
   return tensor;
 }
-
-// One Decode stream: each message read is answered with `reply`, then the next is read.
-class CannedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  explicit CannedStream(const std::string& reply) : reply_(reply) { StartRead(&request_); }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status::OK);
-      return;
-    }
-    request_.Clear();
-    answer_ = Bytes(reply_);
-    StartWrite(&answer_);
-  }
-  void OnWriteDone(bool ok) override {
-    if (ok) {
-      StartRead(&request_);
-    } else {
-      Finish(grpc::Status::OK);
-    }
-  }
-  void OnDone() override { delete this; }
-
- private:
-  const std::string& reply_;
-  grpc::ByteBuffer request_, answer_;
-};
 
 // attnserve.v1's Forward and Decode, registered as attnserve registers them, answered with
 // replies of the size a `width`-wide model's are (a 1x1 output; a step's output and position).
@@ -144,7 +125,7 @@ class CannedAttention final : public attnserve::v1::AttentionService::WithRawCal
   }
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Decode(
       grpc::CallbackServerContext* /*context*/) override {
-    return new CannedStream(step_reply_);
+    return new Answering(/*unary=*/false, &step_reply_);
   }
 
  private:
