@@ -401,6 +401,8 @@ absl::Status Layer::Forward(const ForwardArgs& args, std::span<float> output,
   return ForwardValidated(args, output, attention);
 }
 
+double Layer::Flops(const ForwardArgs& args) const { return CallFlops(impl_->spec, args); }
+
 absl::Status Layer::ForwardValidated(const ForwardArgs& args, std::span<float> output,
                                      std::span<float> attention) const {
   // Tiny calls: one thread (the team's start-up and barriers would cost more than they save).

@@ -98,6 +98,10 @@ class Layer {
   absl::Status ForwardValidated(const ForwardArgs& args, std::span<float> output,
                                 std::span<float> attention = {}) const;
 
+  // The useful FLOPs of a valid call (no padding; causal attention counts its visible half).
+  // Below kSerialFlops, Forward runs it on the calling thread alone.
+  double Flops(const ForwardArgs& args) const;
+
   // Projects context rows to keys and values and caches them, the parts of many sequences (of
   // many sessions) as one matmul: a causal cross session's context, computed once, a part at a
   // time as its positions reach it. Each part's rows go to its `kv` from its length on (room

@@ -60,7 +60,7 @@ bool ComputeExecutor::TryRunInline(RunQueue* queue) {
   // (OpenMP keeps the setting per thread: once a thread is enough.)
   thread_local const bool single_threaded = (core::SetComputeThreads(1), true);
   (void)single_threaded;
-  queue->RunNext(now);
+  queue->RunNext(now, /*on_caller=*/true);
   bool changed;
   {
     std::lock_guard lock(mu_);
@@ -102,7 +102,7 @@ void ComputeExecutor::Loop() {
     }
     if (chosen != nullptr) {
       lock.unlock();
-      chosen->RunNext(now);
+      chosen->RunNext(now, /*on_caller=*/false);
       lock.lock();
       running_ = nullptr;
       idle_cv_.notify_all();

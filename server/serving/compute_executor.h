@@ -19,8 +19,11 @@ class RunQueue {
   // (a delay window, a deadline to answer), max() when it has nothing.
   virtual Clock::time_point ReadyAt(Clock::time_point now) const = 0;
 
-  // Takes and runs the next run (possibly none) on the calling (executor) thread.
-  virtual void RunNext(Clock::time_point now) = 0;
+  // Takes and runs the next run (possibly none) on the calling thread: the executor's, or
+  // (`on_caller`) the thread of a caller that queued work, through TryRunInline, which then
+  // computes alone; a queue may take less then (only what one thread should compute), leaving
+  // the rest ready for the executor's thread.
+  virtual void RunNext(Clock::time_point now, bool on_caller) = 0;
 };
 
 // The one thread that computes, for every model: Layer::Forward uses every core (oneDNN and the

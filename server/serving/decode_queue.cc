@@ -238,7 +238,9 @@ void DecodeQueue::AddChunk(Pending& step, int64_t* budget, int64_t* reads,
   }
 }
 
-void DecodeQueue::RunNext(Clock::time_point now) {
+// On a caller's thread too, a step queued meanwhile may join the run: its chunk is bounded as on
+// the executor's (by the short steps' cost).
+void DecodeQueue::RunNext(Clock::time_point now, bool /*on_caller*/) {
   std::vector<Pending*> steps;
   std::vector<Pending> dropped;  // past the drain's grace: answered without (more) compute
   {

@@ -67,7 +67,7 @@ class DecodeQueue final : public RunQueue {
   std::atomic<int64_t>& sessions() { return sessions_; }
 
   Clock::time_point ReadyAt(Clock::time_point now) const override;
-  void RunNext(Clock::time_point now) override;
+  void RunNext(Clock::time_point now, bool on_caller) override;
 
  private:
   struct Pending {

@@ -13,6 +13,16 @@
 namespace attnserve::server {
 namespace {
 
+// A call this small (a 1-token call up to about 700 wide) may run on the thread that queued it
+// while the executor is idle: its compute costs little more than the hand-off to the compute
+// thread and back that it saves, and holds that thread only briefly. Larger calls go to the
+// compute thread, where calls arriving meanwhile can join their run.
+constexpr double kInlineFlops = 4e6;
+
+bool SmallEnoughToRunInline(const Job& job) {
+  return job.version().layer->Flops(job.args()) < kInlineFlops;
+}
+
 int64_t Tokens(const core::ForwardArgs& args) {
   return args.input.total_length() + (args.context ? args.context->total_length() : 0);
 }
@@ -173,6 +183,10 @@ void Scheduler::Release() {
 }
 
 absl::Status Scheduler::Submit(Job* job) {
+  // A small call, alone and due at once, runs on this thread when the executor is idle.
+  // (Decided before it is queued: once queued, it may be answered, and gone, at any time.)
+  const bool small = SmallEnoughToRunInline(*job);
+  bool alone;
   {
     std::lock_guard lock(mu_);
     const int64_t tokens = Tokens(job->args());
@@ -189,11 +203,12 @@ absl::Status Scheduler::Submit(Job* job) {
     queued_tokens_ += tokens;
     job->queue_.store(this);
     metrics_.SetQueueDepth(static_cast<int>(queue_.size()));
+    alone = queue_.size() == 1 && running_ == 0 && RunStartLocked(now) <= now;
   }
   Log(LogLevel::kTrace, "forward queued", {{"model", model_name_}});
   // The caller may have left between admission and now: CallerGone saw no queue then.
   if (job->gone_.load()) Cancel(job);
-  executor_->Notify();
+  if (!(alone && small && executor_->TryRunInline(this))) executor_->Notify();
   return absl::OkStatus();
 }
 
@@ -264,12 +279,12 @@ Clock::time_point Scheduler::RunStartLocked(Clock::time_point now) const {
   return head.arrival() + options_.max_queue_delay;
 }
 
-void Scheduler::RunNext(Clock::time_point now) {
+void Scheduler::RunNext(Clock::time_point now, bool on_caller) {
   std::vector<Dropped> dropped;
   std::vector<Job*> jobs;
   {
     std::lock_guard lock(mu_);
-    jobs = TakeLocked(now, &dropped);
+    jobs = TakeLocked(now, on_caller, &dropped);
     // Every call taken counts as running until answered, so Join waits for its answer.
     running_ += static_cast<int>(jobs.size() + dropped.size());
     metrics_.SetQueueDepth(static_cast<int>(queue_.size()));
@@ -281,7 +296,8 @@ void Scheduler::RunNext(Clock::time_point now) {
   Finished(static_cast<int>(jobs.size() + dropped.size()));
 }
 
-std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Dropped>* dropped) {
+std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, bool small_only,
+                                        std::vector<Dropped>* dropped) {
   // Calls whose caller left, whose deadline passed (which OnCancel may not have said yet) or
   // would pass before their run could end, and after the drain's grace every call, leave
   // without compute. The grace is judged on the clock read here, under the lock: `now` was read
@@ -311,11 +327,13 @@ std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, std::vector<Dropp
   }
   std::vector<Job*> jobs;
   if (queue_.empty() || RunStartLocked(now) > now) return jobs;  // only dropped calls were due
-  jobs.push_back(queue_.front().job);
+  Job* head = queue_.front().job;
+  if (small_only && !SmallEnoughToRunInline(*head)) return jobs;
+  jobs.push_back(head);
   int64_t tokens = queue_.front().tokens;
   queued_tokens_ -= tokens;
   queue_.pop_front();
-  if (options_.max_batch_tokens <= 0 || jobs.front()->args().return_attention) return jobs;
+  if (small_only || options_.max_batch_tokens <= 0 || head->args().return_attention) return jobs;
   for (auto it = queue_.begin(); it != queue_.end();) {
     // A call joins only if the larger run still ends before its deadline and the others'.
     const bool fits = Mergeable(*jobs.front(), *it->job) &&

@@ -74,7 +74,9 @@ class Scheduler final : public RunQueue {
 
   // Queues `job`, which holds a place from Reserve and has been decoded and validated; or,
   // now that its own size is known, refuses it (DeadlineExceeded) when it cannot finish before
-  // its deadline, and the caller gives the place back. Never blocks on compute.
+  // its deadline, and the caller gives the place back. Never waits for other calls' compute;
+  // a small call (a few MFLOP), alone with the executor idle, is computed and answered on the
+  // calling thread before Submit returns (ComputeExecutor::TryRunInline).
   absl::Status Submit(Job* job);
 
   // Answers `job` (Cancelled or DeadlineExceeded) and frees its place, if it is still queued;
@@ -106,8 +108,9 @@ class Scheduler final : public RunQueue {
   Clock::time_point ReadyAt(Clock::time_point now) const override;
 
   // Takes the calls of the next run (possibly none), answering dead ones on the way, and runs
-  // them: Layer::Forward on the calling (executor) thread, then every call is answered.
-  void RunNext(Clock::time_point now) override;
+  // them: Layer::Forward on the calling thread, then every call is answered. On a caller's
+  // thread (`on_caller`), one small call at most.
+  void RunNext(Clock::time_point now, bool on_caller) override;
 
  private:
   // A queue place is free (calls queued, being decoded, and sessions' waiting steps under
@@ -132,7 +135,10 @@ class Scheduler final : public RunQueue {
   bool MissesLocked(Clock::time_point now, Clock::time_point deadline, int64_t tokens) const;
   // CoDel's state: overloaded while the calls starting runs all waited past the target.
   void TrackQueueDelayLocked(Clock::time_point now, double waited_seconds);
-  std::vector<Job*> TakeLocked(Clock::time_point now, std::vector<Dropped>* dropped);
+  // The next run's calls; `small_only` (a run on a caller's thread): one call, and only if it
+  // is small enough for that.
+  std::vector<Job*> TakeLocked(Clock::time_point now, bool small_only,
+                               std::vector<Dropped>* dropped);
   // Whether a run of `tokens` holding `jobs` and `joining`, started now, ends after one of
   // their deadlines.
   bool RunMissesLocked(Clock::time_point now, const std::vector<Job*>& jobs, const Job* joining,

@@ -123,6 +123,7 @@ class FakeJob final : public Job {
     std::lock_guard lock(mu_);
     status_ = status;
     finished_at_ = Clock::now();
+    finished_on_ = std::this_thread::get_id();
     cv_.notify_all();
   }
 
@@ -135,6 +136,11 @@ class FakeJob final : public Job {
   Clock::time_point finished_at() {
     std::lock_guard lock(mu_);
     return finished_at_;
+  }
+  // The thread that answered the call (none before it is answered).
+  std::thread::id finished_on() {
+    std::lock_guard lock(mu_);
+    return finished_on_;
   }
   const std::vector<float>& output() const { return output_; }
   // Makes the call's run take at least `duration` (its buffers are made inside the run).
@@ -155,6 +161,7 @@ class FakeJob final : public Job {
   std::condition_variable cv_;
   std::optional<absl::Status> status_;
   Clock::time_point finished_at_;
+  std::thread::id finished_on_;
   Clock::duration slow_buffers_{0};
 };
 
@@ -533,7 +540,7 @@ class HandQueue final : public RunQueue {
     std::lock_guard lock(mu_);
     return ready_ ? now : Clock::time_point::max();
   }
-  void RunNext(Clock::time_point /*now*/) override {
+  void RunNext(Clock::time_point /*now*/, bool /*on_caller*/) override {
     std::unique_lock lock(mu_);
     ready_ = false;
     threads_.push_back(std::this_thread::get_id());
@@ -640,6 +647,43 @@ TEST(ComputeExecutorTest, ARunGoesInlineOnlyWhileTheExecutorIsIdleAndNoOtherQueu
   EXPECT_NE(other.threads()[2], here);
   executor.Remove(&mine);
   executor.Remove(&other);
+}
+
+// A small call, alone on an idle executor, is computed and answered on the thread that submits
+// it, before Submit returns; a larger call, or a small one while another run holds the compute
+// thread, goes to the compute thread.
+TEST(SchedulerTest, OnlyASmallCallOnAnIdleExecutorRunsOnItsCallersThread) {
+  ComputeExecutor executor(1);
+  CallReporter reporter;
+  Scheduler scheduler("m", Options(4096, milliseconds(0)), &executor, &reporter);
+  WaitUntilParked(executor);  // the compute thread's first look at the queues is over
+  const std::thread::id caller = std::this_thread::get_id();
+
+  FakeJob small({1}, 1, 1);
+  Queue(scheduler, small);
+  ASSERT_TRUE(small.Wait(milliseconds(0)).has_value()) << "a 1-token call was queued";
+  EXPECT_TRUE(small.Wait()->ok());
+  EXPECT_EQ(small.finished_on(), caller);
+  EXPECT_EQ(small.output(), small.Alone());
+
+  // 16 causal tokens of the demo layer, about 8e6 flops: computed on the compute thread (on
+  // one thread too), where calls arriving meanwhile could join its run.
+  FakeJob larger({16}, 16, 2);
+  Queue(scheduler, larger);
+  ASSERT_TRUE(larger.Wait().value_or(absl::UnknownError("")).ok());
+  const std::thread::id compute = larger.finished_on();
+  EXPECT_NE(compute, caller) << "a 16-token call ran on its caller's thread";
+
+  // A small call while a run holds the compute thread waits for it there. (Of another version:
+  // never merged into that run, should it not have started yet.)
+  FakeJob busy({100}, 100, 3), beside({1}, 1, 4, Clock::time_point::max(), OtherDemoVersion());
+  busy.set_slow_buffers(milliseconds(200));
+  Queue(scheduler, busy);
+  Queue(scheduler, beside);
+  ASSERT_TRUE(beside.Wait().value_or(absl::UnknownError("")).ok());
+  EXPECT_EQ(beside.finished_on(), compute);
+  EXPECT_GE(beside.finished_at(), busy.finished_at());
+  EXPECT_EQ(beside.output(), beside.Alone());
 }
 
 // A sequence's idle clock restarts when its request is answered (Touch), not only when it
