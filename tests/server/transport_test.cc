@@ -147,8 +147,6 @@ TEST(TransportTest, LateCallsInALongDrainAreRefusedUnavailableNeverCancelled) {
   constexpr int kLongCalls = 6;
   std::vector<std::thread> long_callers;
   std::atomic<int> long_ok{0};
-  std::atomic<int> long_done{0};
-  std::atomic<int64_t> drain_end_ns{0};  // when the last long call was answered
   const v1::ForwardRequest long_call = LongCall();
   for (int i = 0; i < kLongCalls; ++i) {
     long_callers.emplace_back([&] {
@@ -157,11 +155,6 @@ TEST(TransportTest, LateCallsInALongDrainAreRefusedUnavailableNeverCancelled) {
       context.set_deadline(std::chrono::system_clock::now() + seconds(120));
       v1::ForwardResponse response;
       if (stub->Forward(&context, long_call, &response).ok()) ++long_ok;
-      const int64_t now = Clock::now().time_since_epoch().count();
-      int64_t seen = drain_end_ns.load();
-      while (now > seen && !drain_end_ns.compare_exchange_weak(seen, now)) {
-      }
-      ++long_done;
     });
   }
   const auto queued_by = Clock::now() + seconds(20);
@@ -183,12 +176,17 @@ TEST(TransportTest, LateCallsInALongDrainAreRefusedUnavailableNeverCancelled) {
   };
   std::vector<Late> late;
   int health_after_drain = -1;
+  // The drain ends, and the lame duck starts, when the server has answered its last call: as
+  // the server counts it (no call pending), which may be long before that call's 16 MB reply
+  // reaches its caller (hundreds of ms under TSan).
+  Clock::time_point drain_end = Clock::time_point::max();
   auto stub = v1::AttentionService::NewStub(channel);
   while (true) {
-    const int64_t end_ns = drain_end_ns.load();
-    const bool drained = long_done.load() == kLongCalls;
-    if (drained && Clock::now().time_since_epoch().count() - end_ns >
-                       std::chrono::nanoseconds(milliseconds(300)).count()) {
+    if (drain_end == Clock::time_point::max() && server->pending_calls() == 0) {
+      drain_end = Clock::now();
+    }
+    const bool drained = drain_end != Clock::time_point::max();
+    if (drained && Clock::now() - drain_end > milliseconds(300)) {
       break;  // well inside the 500 ms lame duck: gRPC's own shutdown has not begun
     }
     if (drained && health_after_drain == -1) {
@@ -209,8 +207,8 @@ TEST(TransportTest, LateCallsInALongDrainAreRefusedUnavailableNeverCancelled) {
   for (std::thread& t : long_callers) t.join();
 
   EXPECT_EQ(long_ok.load(), kLongCalls) << "accepted calls finish during the drain";
-  const auto drain_ms = std::chrono::duration_cast<milliseconds>(
-      Clock::time_point(Clock::duration(drain_end_ns.load())) - start);
+  ASSERT_TRUE(drain_end != Clock::time_point::max()) << "the drain never ended";
+  const auto drain_ms = std::chrono::duration_cast<milliseconds>(drain_end - start);
   ASSERT_GT(drain_ms.count(), 700) << "the drain must outlast the 500 ms lame duck to test it";
   int after_lame_duck = 0;
   for (size_t i = 0; i < late.size(); ++i) {
