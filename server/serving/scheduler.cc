@@ -198,7 +198,7 @@ absl::Status Scheduler::Submit(Job* job) {
           Ms(WaitLocked(now) + cost_.Estimate(tokens)), " ms, after its deadline (",
           Ms(std::max(0.0, SecondsBetween(now, job->deadline()))), " ms away)"));
     }
-    queue_.push_back({job, tokens});
+    queue_.push_back({job, tokens, small});
     --reserved_;
     queued_tokens_ += tokens;
     job->queue_.store(this);
@@ -327,8 +327,8 @@ std::vector<Job*> Scheduler::TakeLocked(Clock::time_point now, bool small_only,
   }
   std::vector<Job*> jobs;
   if (queue_.empty() || RunStartLocked(now) > now) return jobs;  // only dropped calls were due
+  if (small_only && !queue_.front().small) return jobs;
   Job* head = queue_.front().job;
-  if (small_only && !SmallEnoughToRunInline(*head)) return jobs;
   jobs.push_back(head);
   int64_t tokens = queue_.front().tokens;
   queued_tokens_ -= tokens;

@@ -119,6 +119,7 @@ class Scheduler final : public RunQueue {
   struct Queued {
     Job* job;
     int64_t tokens;
+    bool small;  // may run on a caller's thread (SmallEnoughToRunInline), judged once
   };
   // A call leaving the queue without compute, and its answer.
   struct Dropped {
