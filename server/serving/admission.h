@@ -24,8 +24,8 @@ class Admission {
   Admission(ModelRegistry* registry, CallReporter* reporter, SessionManager* sessions,
             int64_t max_reply_bytes);
 
-  // Takes `job` from a frontend. Never throws and never waits for other calls' compute (a
-  // small call may be computed on this thread: Scheduler::Submit).
+  // Takes `job` from a frontend. Never throws and never waits for a run on the compute thread
+  // (a small call may be computed on this thread, one call at most: Scheduler::Submit).
   void Admit(Job* job);
 
   // Opens a decode session of `batch` sequences on the model named `model` ("" for the only

@@ -54,6 +54,9 @@ bool ComputeExecutor::TryRunInline(RunQueue* queue) {
     running_ = queue;
     inline_ = true;
     notified_inline_ = false;
+    // Its turn: after it, the other models with a run ready go first.
+    const auto it = std::find(queues_.begin(), queues_.end(), queue);
+    if (it != queues_.end()) next_ = (it - queues_.begin() + 1) % queues_.size();
   }
   // On this thread alone, even when a larger step queued meanwhile joins the run: OpenMP would
   // give every transport thread that ran one a team of threads of its own, living as long as it.

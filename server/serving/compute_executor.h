@@ -21,10 +21,20 @@ class RunQueue {
 
   // Takes and runs the next run (possibly none) on the calling thread: the executor's, or
   // (`on_caller`) the thread of a caller that queued work, through TryRunInline, which then
-  // computes alone; a queue may take less then (only what one thread should compute), leaving
-  // the rest ready for the executor's thread.
-  virtual void RunNext(Clock::time_point now, bool on_caller) = 0;
+  // computes alone; a queue then takes only what is small enough for that (kInlineCallFlops),
+  // leaving the rest ready for the executor's thread. Nothing escapes it: an exception ends the
+  // process, on a caller's thread as on the executor's, never leaving the executor running.
+  virtual void RunNext(Clock::time_point now, bool on_caller) noexcept = 0;
 };
+
+// What a queue computes on a caller's thread, in the engine's count of FLOPs. A decode step the
+// engine would compute on one thread anyway (under core::kSerialFlops: Layer::Decode runs it
+// serially) goes inline whole, with the short steps queued meanwhile that fit beside it. A
+// Forward call goes inline only below this, a tenth of that: a lone 1-token call of a layer up
+// to about 700 wide. Calls of 16 tokens computed on a caller's thread raised p99 at 8 callers
+// (the calls arriving meanwhile waited for a thread that was computing and was also one of
+// gRPC's pollers, instead of joining a run on the compute thread).
+inline constexpr double kInlineCallFlops = 4e6;
 
 // The one thread that computes, for every model: Layer::Forward uses every core (oneDNN and the
 // attention kernel through OpenMP), so two runs at once would only fight over them. Models take
@@ -51,10 +61,10 @@ class ComputeExecutor {
 
   // Runs `queue`'s next run on the calling thread when the executor is idle and no other queue
   // has a run ready (true), saving the hand-off to the compute thread and back; else false, and
-  // the caller Notifies. For runs small enough to compute on one thread (a generation step):
-  // the run uses this thread alone.
-  // What the run leaves in the queue (the rest of a step it did in part) is the compute
-  // thread's, which is woken for it.
+  // the caller Notifies. For work small enough to compute on one thread (a generation step, a
+  // small call: kInlineCallFlops): the run uses this thread alone, and counts as the queue's
+  // turn. What the run leaves in the queue (what it may not take on a caller's thread, what was
+  // queued meanwhile) is the compute thread's, which is woken for it.
   bool TryRunInline(RunQueue* queue);
 
  private:

@@ -63,18 +63,18 @@ void DecodeQueue::Submit(Session* session, StepArgs args, std::function<void(abs
                std::move(args),
                std::move(done),
                std::vector<int64_t>(sequences, 0),
+               /*flops=*/0,
                /*running=*/false,
                /*answered=*/false,
                /*stop=*/absl::OkStatus()};
   // A step alone and small enough for one thread (Layer::Decode runs it serially) runs here
   // when the compute thread is idle: two thread hand-offs cost more than such a step. (Decided
   // before it is queued: once queued, it may be answered, and its session gone, at any time.)
-  bool serial;
   {
     std::lock_guard session_lock(session->mu_);
-    serial = static_cast<double>(Reads(step)) * 4 * session->layer()->spec().inner() <
-             core::kSerialFlops;
+    step.flops = static_cast<double>(Reads(step)) * 4 * session->layer()->spec().inner();
   }
+  const bool serial = step.flops < core::kSerialFlops;
   bool queued = false, alone = false;
   {
     std::lock_guard lock(mu_);
@@ -238,9 +238,7 @@ void DecodeQueue::AddChunk(Pending& step, int64_t* budget, int64_t* reads,
   }
 }
 
-// On a caller's thread too, a step queued meanwhile may join the run: its chunk is bounded as on
-// the executor's (by the short steps' cost).
-void DecodeQueue::RunNext(Clock::time_point now, bool /*on_caller*/) {
+void DecodeQueue::RunNext(Clock::time_point now, bool on_caller) noexcept {
   std::vector<Pending*> steps;
   std::vector<Pending> dropped;  // past the drain's grace: answered without (more) compute
   {
@@ -284,17 +282,25 @@ void DecodeQueue::RunNext(Clock::time_point now, bool /*on_caller*/) {
         lead_run = latest;
       }
     }
+    const auto [kind, layer] = lead;
+    double inline_flops = 0;
+    for (Pending& step : pending_) {
+      if (step.session->kind() != kind || step.session->layer().get() != layer) continue;
+      // On a caller's thread, steps queued meanwhile join as long as the run stays one thread's
+      // work; a prompt's chunks, and what does not fit, are the compute thread's.
+      if (on_caller) {
+        if (inline_flops + step.flops >= core::kSerialFlops) continue;
+        inline_flops += step.flops;
+      }
+      step.running = true;
+      steps.push_back(&step);
+    }
+    if (steps.empty()) return;  // on a caller's thread: the lead group's turn is the executor's
     group_runs_[lead] = ++runs_;
     // Kinds times versions served at once are few; past that many, the groups no step waits
     // for go (a version unloaded, its layer's address free for another).
     if (group_runs_.size() > kGroupsKept) {
       std::erase_if(group_runs_, [&](const auto& entry) { return !waiting.contains(entry.first); });
-    }
-    const auto [kind, layer] = lead;
-    for (Pending& step : pending_) {
-      if (step.session->kind() != kind || step.session->layer().get() != layer) continue;
-      step.running = true;
-      steps.push_back(&step);
     }
     running_ = true;
   }
@@ -360,11 +366,14 @@ void DecodeQueue::RunNext(Clock::time_point now, bool /*on_caller*/) {
       }
     }
     // Topped up with the rows after them, all in one matmul: to kContextRows, or to what the
-    // prompts' share of the run left allows (up to chunk_tokens rows), so that a context is soon
-    // projected whole and its rows freed. (A failure fails the whole run, as Decode's would: it
+    // prompts' share of the run left allows (up to chunk_tokens rows; on a caller's thread not
+    // past kContextRows, which its steps' cost counted), so that a context is soon projected
+    // whole and its rows freed. (A failure fails the whole run, as Decode's would: it
     // is the engine's, not a step's.)
-    const int64_t top_up = std::clamp(prefill_reads / layer->spec().d_context, kContextRows,
-                                      std::max(kContextRows, chunk_tokens_));
+    const int64_t top_up = on_caller
+                               ? kContextRows
+                               : std::clamp(prefill_reads / layer->spec().d_context, kContextRows,
+                                            std::max(kContextRows, chunk_tokens_));
     int64_t context_rows = 0;
     for (const core::ContextRows& part : context_parts) context_rows += part.tokens;
     for (size_t p = 0; p < context_parts.size() && context_rows < top_up; ++p) {

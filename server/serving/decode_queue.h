@@ -67,7 +67,9 @@ class DecodeQueue final : public RunQueue {
   std::atomic<int64_t>& sessions() { return sessions_; }
 
   Clock::time_point ReadyAt(Clock::time_point now) const override;
-  void RunNext(Clock::time_point now, bool on_caller) override;
+  // On a caller's thread (`on_caller`), only steps the engine computes on one thread, as many
+  // as stay under core::kSerialFlops in all.
+  void RunNext(Clock::time_point now, bool on_caller) noexcept override;
 
  private:
   struct Pending {
@@ -75,6 +77,9 @@ class DecodeQueue final : public RunQueue {
     StepArgs args;
     std::function<void(absl::Status)> done;
     std::vector<int64_t> done_tokens;  // per sequence: tokens already computed
+    // The whole step's cost in the engine's FLOPs (Reads), judged when it is queued: under
+    // core::kSerialFlops, the engine computes it on one thread, and it may run on a caller's.
+    double flops = 0;
     bool running = false;
     bool answered = false;
     // Not OK: the step is answered this, with the chunk running, rather than run to its end

@@ -13,14 +13,13 @@
 namespace attnserve::server {
 namespace {
 
-// A call this small (a 1-token call up to about 700 wide) may run on the thread that queued it
-// while the executor is idle: its compute costs little more than the hand-off to the compute
-// thread and back that it saves, and holds that thread only briefly. Larger calls go to the
-// compute thread, where calls arriving meanwhile can join their run.
-constexpr double kInlineFlops = 4e6;
-
+// A call this small may run on the thread that queued it while the executor is idle: its
+// compute costs little more than the hand-off to the compute thread and back that it saves, and
+// holds that thread only briefly. Not one that returns its attention probabilities, whose reply
+// (every padded row) may be far larger than its compute. Larger calls go to the compute thread,
+// where calls arriving meanwhile can join their run.
 bool SmallEnoughToRunInline(const Job& job) {
-  return job.version().layer->Flops(job.args()) < kInlineFlops;
+  return !job.args().return_attention && job.version().layer->Flops(job.args()) < kInlineCallFlops;
 }
 
 int64_t Tokens(const core::ForwardArgs& args) {
@@ -186,7 +185,7 @@ absl::Status Scheduler::Submit(Job* job) {
   // A small call, alone and due at once, runs on this thread when the executor is idle.
   // (Decided before it is queued: once queued, it may be answered, and gone, at any time.)
   const bool small = SmallEnoughToRunInline(*job);
-  bool alone;
+  bool alone, gone;
   {
     std::lock_guard lock(mu_);
     const int64_t tokens = Tokens(job->args());
@@ -202,14 +201,19 @@ absl::Status Scheduler::Submit(Job* job) {
     --reserved_;
     queued_tokens_ += tokens;
     job->queue_.store(this);
+    // The caller may have left between admission and now: CallerGone saw no queue then.
+    gone = job->gone_.load();
     metrics_.SetQueueDepth(static_cast<int>(queue_.size()));
     alone = queue_.size() == 1 && running_ == 0 && RunStartLocked(now) <= now;
   }
-  Log(LogLevel::kTrace, "forward queued", {{"model", model_name_}});
-  // The caller may have left between admission and now: CallerGone saw no queue then.
-  if (job->gone_.load()) Cancel(job);
-  if (!(alone && small && executor_->TryRunInline(this))) executor_->Notify();
+  Dispatch(job, gone, alone && small);
   return absl::OkStatus();
+}
+
+void Scheduler::Dispatch(Job* job, bool gone, bool run_inline) noexcept {
+  Log(LogLevel::kTrace, "forward queued", {{"model", model_name_}});
+  if (gone) Cancel(job);
+  if (!(run_inline && executor_->TryRunInline(this))) executor_->Notify();
 }
 
 void Scheduler::Cancel(Job* job) {
@@ -279,7 +283,7 @@ Clock::time_point Scheduler::RunStartLocked(Clock::time_point now) const {
   return head.arrival() + options_.max_queue_delay;
 }
 
-void Scheduler::RunNext(Clock::time_point now, bool on_caller) {
+void Scheduler::RunNext(Clock::time_point now, bool on_caller) noexcept {
   std::vector<Dropped> dropped;
   std::vector<Job*> jobs;
   {

@@ -75,8 +75,9 @@ class Scheduler final : public RunQueue {
   // Queues `job`, which holds a place from Reserve and has been decoded and validated; or,
   // now that its own size is known, refuses it (DeadlineExceeded) when it cannot finish before
   // its deadline, and the caller gives the place back. Never waits for other calls' compute;
-  // a small call (a few MFLOP), alone with the executor idle, is computed and answered on the
-  // calling thread before Submit returns (ComputeExecutor::TryRunInline).
+  // a small call (kInlineCallFlops), alone, with no delay window and the executor idle, is
+  // computed and answered on the calling thread before Submit returns
+  // (ComputeExecutor::TryRunInline); so may be the calls found dead on the way.
   absl::Status Submit(Job* job);
 
   // Answers `job` (Cancelled or DeadlineExceeded) and frees its place, if it is still queued;
@@ -110,12 +111,16 @@ class Scheduler final : public RunQueue {
   // Takes the calls of the next run (possibly none), answering dead ones on the way, and runs
   // them: Layer::Forward on the calling thread, then every call is answered. On a caller's
   // thread (`on_caller`), one small call at most.
-  void RunNext(Clock::time_point now, bool on_caller) override;
+  void RunNext(Clock::time_point now, bool on_caller) noexcept override;
 
  private:
   // A queue place is free (calls queued, being decoded, and sessions' waiting steps under
   // --max-queue) and the scheduler open; mu_ held. A refusal is counted as shed.
   absl::Status PlaceLocked();
+  // Submit's end, once `job` is queued: it is taken back if its caller left (`gone`), then run
+  // on this thread or left to the compute thread. Nothing may throw from here back to the
+  // admission, which would give back the job's place and answer it a second time.
+  void Dispatch(Job* job, bool gone, bool run_inline) noexcept;
   struct Queued {
     Job* job;
     int64_t tokens;

@@ -269,14 +269,16 @@ TEST(SchedulerTest, TheTokenTargetBoundsARun) {
   }
 }
 
+// Even a call small enough to run on its caller's thread: the window is for calls to join it.
 TEST(SchedulerTest, TheDelayWindowHoldsALoneCallThenRunsIt) {
   ComputeExecutor executor(1);
   CallReporter reporter;
   Scheduler scheduler("m", Options(4096, milliseconds(200)), &executor, &reporter);
-  FakeJob job({8}, 8, 1);
+  FakeJob job({1}, 1, 1);
   Queue(scheduler, job);
   ASSERT_TRUE(job.Wait().value_or(absl::UnknownError("")).ok());
   EXPECT_GE(job.finished_at() - job.arrival(), milliseconds(200));
+  EXPECT_NE(job.finished_on(), std::this_thread::get_id());
 }
 
 TEST(SchedulerTest, WithoutADelayWindowACallRunsAtOnce) {
@@ -540,7 +542,7 @@ class HandQueue final : public RunQueue {
     std::lock_guard lock(mu_);
     return ready_ ? now : Clock::time_point::max();
   }
-  void RunNext(Clock::time_point /*now*/, bool /*on_caller*/) override {
+  void RunNext(Clock::time_point /*now*/, bool /*on_caller*/) noexcept override {
     std::unique_lock lock(mu_);
     ready_ = false;
     threads_.push_back(std::this_thread::get_id());
@@ -674,16 +676,55 @@ TEST(SchedulerTest, OnlyASmallCallOnAnIdleExecutorRunsOnItsCallersThread) {
   const std::thread::id compute = larger.finished_on();
   EXPECT_NE(compute, caller) << "a 16-token call ran on its caller's thread";
 
-  // A small call while a run holds the compute thread waits for it there. (Of another version:
-  // never merged into that run, should it not have started yet.)
-  FakeJob busy({100}, 100, 3), beside({1}, 1, 4, Clock::time_point::max(), OtherDemoVersion());
-  busy.set_slow_buffers(milliseconds(200));
-  Queue(scheduler, busy);
+  // A small call while another model's run holds the compute thread waits for it there.
+  HandQueue other;
+  executor.Add(&other);
+  other.Hold(true);
+  other.SetReady();
+  executor.Notify();
+  ASSERT_TRUE(other.WaitRuns(1));
+  FakeJob beside({1}, 1, 3);
   Queue(scheduler, beside);
+  EXPECT_FALSE(beside.Wait(milliseconds(100)).has_value()) << "it ran beside the other run";
+  other.Hold(false);
   ASSERT_TRUE(beside.Wait().value_or(absl::UnknownError("")).ok());
   EXPECT_EQ(beside.finished_on(), compute);
-  EXPECT_GE(beside.finished_at(), busy.finished_at());
   EXPECT_EQ(beside.output(), beside.Alone());
+  executor.Remove(&other);
+}
+
+// A run on a caller's thread takes one small call, never more (they would merge on the compute
+// thread), and never a larger one at the head of the queue.
+TEST(SchedulerTest, ARunOnACallersThreadTakesOneSmallCallAtMost) {
+  ComputeExecutor executor(1);
+  CallReporter reporter;
+  Scheduler scheduler("m", Options(4096, milliseconds(0)), &executor, &reporter);
+  // Another model's run holds the compute thread: the calls stay queued for the test to run.
+  HandQueue other;
+  executor.Add(&other);
+  other.Hold(true);
+  other.SetReady();
+  executor.Notify();
+  ASSERT_TRUE(other.WaitRuns(1));
+  const std::thread::id caller = std::this_thread::get_id();
+  FakeJob first({1}, 1, 1), second({1}, 1, 2), larger({16}, 16, 3);
+  Queue(scheduler, first);
+  Queue(scheduler, second);
+  Queue(scheduler, larger);
+  scheduler.RunNext(Clock::now(), /*on_caller=*/true);
+  ASSERT_TRUE(first.Wait(milliseconds(0)).has_value()) << "the small call at the head stayed";
+  EXPECT_EQ(first.finished_on(), caller);
+  EXPECT_EQ(first.output(), first.Alone());
+  EXPECT_FALSE(second.Wait(milliseconds(0)).has_value()) << "a second call joined the run";
+  scheduler.RunNext(Clock::now(), /*on_caller=*/true);
+  ASSERT_TRUE(second.Wait(milliseconds(0)).has_value());
+  EXPECT_EQ(second.finished_on(), caller);
+  scheduler.RunNext(Clock::now(), /*on_caller=*/true);
+  EXPECT_FALSE(larger.Wait(milliseconds(0)).has_value()) << "a 16-token call ran on the caller";
+  other.Hold(false);
+  ASSERT_TRUE(larger.Wait().value_or(absl::UnknownError("")).ok());
+  EXPECT_NE(larger.finished_on(), caller);
+  executor.Remove(&other);
 }
 
 // A sequence's idle clock restarts when its request is answered (Touch), not only when it
@@ -1188,6 +1229,51 @@ TEST(DecodeQueueTest, OnlyASmallStepOnAnIdleExecutorRunsOnItsCallersThread) {
       << "a step ran inline while the compute thread was busy";
   release_busy.set_value();
   EXPECT_EQ(beside.get(), compute);
+}
+
+// A run on a caller's thread takes only the steps one thread computes: a prompt queued beside a
+// one-token step is left to the compute thread, not chunked on the caller's.
+TEST(DecodeQueueTest, ARunOnACallersThreadLeavesAPromptToTheComputeThread) {
+  ComputeExecutor executor(1);
+  DecodeQueue queue("m", 256, &executor, nullptr);
+  SessionManager manager(SessionOptions{});
+  const std::vector<float> prompt = SmoothPrompt(100);
+  std::vector<float> prompt_output(100 * kWidth), step_output(kWidth);
+  std::unique_ptr<Session> a = OpenCausal(manager, queue), b = OpenCausal(manager, queue);
+  ASSERT_TRUE(a && b);
+  // Another model's run holds the compute thread: the steps stay queued for the test to run.
+  HandQueue other;
+  executor.Add(&other);
+  other.Hold(true);
+  other.SetReady();
+  executor.Notify();
+  ASSERT_TRUE(other.WaitRuns(1));
+  auto step = [&](Session& session, int64_t tokens, float* output,
+                  std::promise<std::thread::id>& answered) {
+    StepArgs args;
+    args.inputs = {prompt.data()};
+    args.tokens = {tokens};
+    args.outputs = {output};
+    ASSERT_TRUE(session
+                    .Step(std::move(args),
+                          [&answered](absl::Status status) {
+                            EXPECT_TRUE(status.ok()) << status;
+                            answered.set_value(std::this_thread::get_id());
+                          })
+                    .ok());
+  };
+  std::promise<std::thread::id> prompt_answered, step_answered;
+  step(*a, 100, prompt_output.data(), prompt_answered);  // about 6e7 flops
+  step(*b, 1, step_output.data(), step_answered);
+  queue.RunNext(Clock::now(), /*on_caller=*/true);
+  std::future<std::thread::id> stepped = step_answered.get_future();
+  ASSERT_EQ(stepped.wait_for(milliseconds(0)), std::future_status::ready);
+  EXPECT_EQ(stepped.get(), std::this_thread::get_id());
+  EXPECT_EQ(a->positions(), std::vector<int64_t>{0}) << "a chunk of the prompt ran on the caller";
+  other.Hold(false);
+  EXPECT_NE(prompt_answered.get_future().get(), std::this_thread::get_id());
+  EXPECT_EQ(a->positions(), std::vector<int64_t>{100});
+  executor.Remove(&other);
 }
 
 // At --max-sessions, a restart (sequence_start on an id in use) may open one session more while
