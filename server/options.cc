@@ -143,6 +143,9 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         "--http-max-connections must be in 1..65536 and the HTTP timeouts positive");
   }
+  if (options.http_bodies_mib < 0 || options.http_bodies_mib > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("--http-bodies-mib must be in 0..2^30 (0: the default)");
+  }
   if (options.max_message_mib <= 0 || options.max_message_mib > 2047) {
     return absl::InvalidArgumentError("--max-message-mib must be in 1..2047");
   }
@@ -220,6 +223,11 @@ SessionOptions MakeSessionOptions(const ServerOptions& options) {
   if (options.kv_cache_precision == "f32") sessions.precision = core::KvPrecision::kF32;
   if (options.kv_cache_precision == "bf16") sessions.precision = core::KvPrecision::kBF16;
   return sessions;
+}
+
+int64_t HttpBodiesBytes(const ServerOptions& options) {
+  if (options.http_bodies_mib > 0) return options.http_bodies_mib << 20;
+  return std::max(MemoryLimitBytes() / 8, int64_t{options.max_message_mib} << 20);
 }
 
 }  // namespace attnserve::server

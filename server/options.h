@@ -106,6 +106,9 @@ struct ServerOptions {
   int http_body_timeout_ms = HttpServerOptions{}.body_timeout_ms;
   // A REST keep-alive connection without a request for this long is closed.
   int http_idle_timeout_ms = HttpServerOptions{}.idle_timeout_ms;
+  // MiB of request bodies the REST port holds at once (HttpBodyBudget); 0: an eighth of the
+  // memory the process may use, at least --max-message-mib.
+  int64_t http_bodies_mib = 0;
 };
 
 // True when the metrics port serves TLS (--metrics-tls, given the main port's certificate).
@@ -121,6 +124,10 @@ absl::StatusOr<ModelConfig> ParseModelFlag(absl::string_view flag);
 // The decode sessions' options the server's options say: the KV cache budget (its default
 // computed here), the limits and the cache precision.
 SessionOptions MakeSessionOptions(const ServerOptions& options);
+
+// The bytes of request bodies the REST port holds at once (--http-bodies-mib, its default
+// computed here).
+int64_t HttpBodiesBytes(const ServerOptions& options);
 
 // Checks the options as a whole (listen address form, positive limits, unique model names).
 absl::Status CheckOptions(const ServerOptions& options);

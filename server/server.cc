@@ -274,8 +274,10 @@ absl::Status Server::StartHealthPort(const ServerOptions& options) {
 absl::Status Server::StartHttpPort(const ServerOptions& options) {
   if (HttpOff(options.http_listen)) return absl::OkStatus();
   HttpRouter router;
+  http_bodies_ = std::make_unique<HttpBodyBudget>(HttpBodiesBytes(options));
   const HttpBodyLimits limits{.max_bytes = MaxMessageBytes(options),
-                              .read_time = std::chrono::milliseconds(options.http_body_timeout_ms)};
+                              .read_time = std::chrono::milliseconds(options.http_body_timeout_ms),
+                              .budget = http_bodies_.get()};
   AddOipRoutes(admission_.get(), sequences_.get(), limits, &router);
   AddRepositoryRoutes(registry_.get(), admin_.get(), limits, &router);
   absl::StatusOr<std::unique_ptr<HttpServer>> http =
@@ -422,6 +424,7 @@ void Server::LogSummary(const ServerOptions& options, const core::RuntimeInfo& r
        {"compute_threads",
         options.compute_threads > 0 ? options.compute_threads : runtime.compute_threads},
        {"max_message_mib", options.max_message_mib},
+       {"http_bodies_mib", http_bodies_ != nullptr ? http_bodies_->limit() >> 20 : 0},
        {"max_queue", options.max_queue},
        {"max_batch_tokens", options.max_batch_tokens}});
   if (!tls && !IsLoopback(options.listen)) {

@@ -111,7 +111,8 @@ class Server {
   std::unique_ptr<grpc::CallbackGenericService> health_refusal_;
   std::unique_ptr<grpc::Server> health_server_;  // null without --health-listen
   std::unique_ptr<ListenerWatchdog> watchdog_;
-  std::unique_ptr<HttpServer> http_server_;  // null with --http-listen off
+  std::unique_ptr<HttpBodyBudget> http_bodies_;  // the REST port's request bodies
+  std::unique_ptr<HttpServer> http_server_;      // null with --http-listen off
   int http_port_ = 0;
   int port_ = 0;
   int health_port_ = 0;

@@ -789,6 +789,48 @@ TEST_F(HttpLimitsTest, ABodyOverTheLimitIs413BeforeItIsRead) {
             413);
 }
 
+// The bodies the REST port holds at once are bounded (--http-bodies-mib): while a client holds
+// most of that room with a body it stopped sending, another large body is refused 503 at once,
+// before it is read, and a small call still goes through; the room comes back when the stalled
+// request ends.
+TEST(HttpBodyBudgetTest, BodiesHeldAtOnceAreBoundedAndTheRoomComesBack) {
+  ServerOptions options = DemoOptions();
+  options.max_message_mib = 1;
+  options.http_bodies_mib = 1;
+  std::unique_ptr<Server> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  const std::string head =
+      "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 700000\r\n\r\n";
+  const int stalled = ConnectLoopback(port);
+  ASSERT_GE(stalled, 0);
+  const std::string part = head + std::string(600000, ' ');
+  size_t sent = 0;
+  while (sent < part.size()) {
+    const ssize_t n = send(stalled, part.data() + sent, part.size() - sent, MSG_NOSIGNAL);
+    ASSERT_GT(n, 0);
+    sent += n;
+  }
+  // Another 700 KB body: 503 once the stalled one holds its room (400 before: read, not JSON).
+  const std::string other = head + std::string(700000, ' ');
+  std::string refused;
+  EXPECT_TRUE(WaitFor([&] {
+    refused = RawExchange(port, other, std::chrono::seconds(1));
+    return RawStatus(refused) == 503;
+  })) << refused.substr(0, 300);
+  EXPECT_NE(refused.find("--http-bodies-mib"), std::string::npos) << refused.substr(0, 300);
+  const std::string url = absl::StrCat("http://127.0.0.1:", port, "/v2/models/demo/infer");
+  const Call small{{Tensor{"input", "FP32", {1, 2, kWidth}, Wave(2 * kWidth), {}}}};
+  const auto [body, headers] = ToRest(small, Form::kNested, /*binary_output=*/false);
+  EXPECT_EQ(HttpCall("POST", url, body, headers).status, 200);
+  close(stalled);  // its request fails, and gives its room back
+  std::string taken;
+  EXPECT_TRUE(WaitFor([&] {
+    taken = RawExchange(port, other, std::chrono::seconds(1));
+    return RawStatus(taken) == 400;
+  })) << taken.substr(0, 300);
+}
+
 // Writes a token file and returns its path.
 std::string TokenFile(const std::string& name, const std::string& token) {
   const std::string path = TempPath(name);

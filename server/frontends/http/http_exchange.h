@@ -3,6 +3,8 @@
 // One HTTP request and its reply as the REST handlers see them, whatever server library reads
 // the bytes (http_server.cc adapts civetweb to it; tests can fake it).
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -18,9 +20,74 @@
 
 namespace attnserve::server {
 
-// A request body read whole, with spare capacity past its end (for an in-place JSON parse).
-struct HttpBody {
+// The bytes of request bodies a REST port holds at once, each from its reading to its request's
+// end (the call reads its tensors in place): slow senders of large bodies cannot push the
+// server's memory past it.
+class HttpBodyBudget {
+ public:
+  explicit HttpBodyBudget(int64_t limit) : limit_(limit) {}
+  int64_t limit() const { return limit_; }
+  int64_t used() const { return used_.load(); }
+  // Takes `bytes` more; false, taking nothing, when that would pass the limit.
+  bool Take(int64_t bytes) {
+    int64_t used = used_.load();
+    do {
+      if (used + bytes > limit_) return false;
+    } while (!used_.compare_exchange_weak(used, used + bytes));
+    return true;
+  }
+  void Give(int64_t bytes) { used_.fetch_sub(bytes); }
+
+ private:
+  const int64_t limit_;
+  std::atomic<int64_t> used_{0};
+};
+
+// How a request's body is read.
+struct HttpBodyLimits {
+  int64_t max_bytes = 64 << 20;                          // --max-message-mib
+  Clock::duration read_time = std::chrono::seconds(10);  // the whole body, from its start
+  HttpBodyBudget* budget = nullptr;                      // the port's (none: unbounded)
+};
+
+// A request body read whole, with spare capacity past its end (for an in-place JSON parse). It
+// holds its capacity of the port's budget until it goes.
+class HttpBody {
+ public:
+  HttpBody() = default;
+  HttpBody(HttpBody&& other) noexcept
+      : bytes(std::move(other.bytes)),
+        budget_(std::exchange(other.budget_, nullptr)),
+        charged_(std::exchange(other.charged_, 0)) {}
+  HttpBody& operator=(HttpBody&& other) noexcept {
+    std::swap(bytes, other.bytes);
+    std::swap(budget_, other.budget_);
+    std::swap(charged_, other.charged_);
+    return *this;
+  }
+  ~HttpBody() {
+    if (budget_ != nullptr) budget_->Give(charged_);
+  }
+
+  // Makes room for `capacity` bytes, charged to `budget` (when not null): false, with nothing
+  // changed, when the budget cannot take them.
+  bool Reserve(size_t capacity, HttpBodyBudget* budget) {
+    const int64_t more = static_cast<int64_t>(capacity) - charged_;
+    if (budget != nullptr && more > 0) {
+      if (!budget->Take(more)) return false;
+      if (budget_ != nullptr && budget_ != budget) budget_->Give(charged_);
+      budget_ = budget;
+      charged_ += more;
+    }
+    bytes.reserve(capacity);
+    return true;
+  }
+
   std::string bytes;
+
+ private:
+  HttpBodyBudget* budget_ = nullptr;
+  int64_t charged_ = 0;
 };
 
 class HttpExchange {
@@ -38,11 +105,11 @@ class HttpExchange {
   // The declared Content-Length, or -1 (chunked, or none).
   virtual int64_t content_length() const = 0;
 
-  // Reads the whole body, at most `max_bytes`, by `deadline` (a client that sends it byte by
-  // byte is cut off then), leaving `padding` spare bytes of capacity after it. TooLarge past
-  // the limit; InvalidArgument for a body that ends early, times out or is malformed.
-  virtual absl::Status ReadBody(int64_t max_bytes, Clock::time_point deadline, size_t padding,
-                                HttpBody* body) = 0;
+  // Reads the whole body under `limits`: at most max_bytes, within read_time from now (a client
+  // that sends it byte by byte is cut off then), leaving `padding` spare bytes of capacity after
+  // it, charged to the budget. TooLarge past max_bytes; Unavailable when the budget cannot take
+  // it; InvalidArgument for a body that ends early, times out or is malformed.
+  virtual absl::Status ReadBody(const HttpBodyLimits& limits, size_t padding, HttpBody* body) = 0;
 
   // Sends the reply: status, Content-Type, extra headers, then `body` and `more` (pieces sent
   // after it without a copy). `close` ends the connection after it (the request body was not

@@ -29,8 +29,7 @@ absl::StatusOr<HttpInferBody> ReadInferBody(HttpExchange& exchange, const HttpBo
   if (!json_length.ok()) return json_length.status();
   HttpInferBody body;
   body.json_length = *json_length;
-  absl::Status read = exchange.ReadBody(limits.max_bytes, Clock::now() + limits.read_time,
-                                        kJsonPadding, &body.body);
+  absl::Status read = exchange.ReadBody(limits, kJsonPadding, &body.body);
   if (!read.ok()) return read;
   return body;
 }

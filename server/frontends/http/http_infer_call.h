@@ -13,12 +13,6 @@
 
 namespace attnserve::server {
 
-// The limits a REST inference call is read under.
-struct HttpBodyLimits {
-  int64_t max_bytes = 64 << 20;                          // --max-message-mib
-  Clock::duration read_time = std::chrono::seconds(10);  // the whole body, from its start
-};
-
 // A REST inference request's body: JSON, or (json_length >= 0) JSON then binary tensors.
 struct HttpInferBody {
   HttpBody body;

@@ -52,8 +52,7 @@ class CivetExchange final : public HttpExchange {
     return Header("Transfer-Encoding").has_value() ? -1 : info_->content_length;
   }
 
-  absl::Status ReadBody(int64_t max_bytes, Clock::time_point deadline, size_t padding,
-                        HttpBody* body) override;
+  absl::Status ReadBody(const HttpBodyLimits& limits, size_t padding, HttpBody* body) override;
   void Reply(int status, absl::string_view content_type, absl::string_view body,
              std::span<const std::span<const char>> more,
              const std::vector<std::pair<std::string, std::string>>& headers, bool close) override;
@@ -96,8 +95,17 @@ void CivetExchange::Linger() {
   }
 }
 
-absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadline, size_t padding,
-                                     HttpBody* body) {
+// A body the port's budget cannot take now (others hold it): the client may retry soon.
+absl::Status BudgetSpent(const HttpBodyBudget& budget, int64_t bytes) {
+  return absl::UnavailableError(absl::StrCat(
+      "the server holds ", budget.used() >> 20, " MiB of other requests' bodies and cannot make ",
+      (bytes + (1 << 20) - 1) >> 20, " MiB of room for this one (--http-bodies-mib ",
+      budget.limit() >> 20, "): retry shortly"));
+}
+
+absl::Status CivetExchange::ReadBody(const HttpBodyLimits& limits, size_t padding, HttpBody* body) {
+  const int64_t max_bytes = limits.max_bytes;
+  const Clock::time_point deadline = Clock::now() + limits.read_time;
   const int64_t declared = content_length();
   if (declared > max_bytes) {
     return TooLarge(absl::StrCat("the body of ", declared, " bytes is over the limit of ",
@@ -105,7 +113,8 @@ absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadli
   }
   std::string& bytes = body->bytes;
   bytes.clear();
-  bytes.reserve((declared >= 0 ? declared : 64 << 10) + padding);
+  const size_t initial = (declared >= 0 ? declared : 64 << 10) + padding;
+  if (!body->Reserve(initial, limits.budget)) return BudgetSpent(*limits.budget, initial);
   // civetweb's mg_read returns only once it has all it was asked for: a client that sends a
   // byte at a time would hold a large read far past the deadline. Reads start small, double
   // while they are quick and drop to a byte when one is slow, so the deadline is checked at
@@ -133,7 +142,8 @@ absl::Status CivetExchange::ReadBody(int64_t max_bytes, Clock::time_point deadli
           absl::StrCat("the body is over the limit of ", max_bytes, " bytes (--max-message-mib)"));
     }
     if (bytes.capacity() < bytes.size() + n + padding) {
-      bytes.reserve(2 * (bytes.size() + n) + padding);
+      const size_t more = std::min<size_t>(2 * (bytes.size() + n), max_bytes) + padding;
+      if (!body->Reserve(more, limits.budget)) return BudgetSpent(*limits.budget, more);
     }
     bytes.append(chunk, n);
     const Clock::time_point now = Clock::now();

@@ -17,8 +17,7 @@ constexpr char kJson[] = "application/json";
 absl::StatusOr<std::string> ReadJsonBody(HttpExchange& exchange, const HttpBodyLimits& limits) {
   if (exchange.content_length() == 0) return std::string();
   HttpBody body;
-  absl::Status read = exchange.ReadBody(limits.max_bytes, Clock::now() + limits.read_time,
-                                        simdjson::SIMDJSON_PADDING, &body);
+  absl::Status read = exchange.ReadBody(limits, simdjson::SIMDJSON_PADDING, &body);
   if (!read.ok()) return read;
   return std::move(body.bytes);
 }
