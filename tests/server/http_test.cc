@@ -334,6 +334,18 @@ TEST_F(HttpTest, UnknownPathsAndMethods) {
   EXPECT_EQ(HttpCall("DELETE", Url("/v2/health/live")).status, 405);
 }
 
+// Paths are %-decoded, but a %00 (which a C string would end the path at: demo%00x/ready read as
+// demo's metadata) or a malformed escape is refused, not routed.
+TEST_F(HttpTest, EscapesInPathsAreDecodedAndANulByteIsRefused) {
+  EXPECT_EQ(HttpCall("GET", Url("/v2/models/de%6Do/ready")).status, 200);
+  const HttpReply nul = HttpCall("GET", Url("/v2/models/demo%00x/ready"));
+  EXPECT_EQ(nul.status, 400) << nul.body;
+  EXPECT_NE(nul.body.find("%00"), std::string::npos) << nul.body;
+  EXPECT_EQ(HttpCall("GET", Url("/v2/models/demo%00x")).status, 400);
+  EXPECT_EQ(HttpCall("GET", Url("/v2/models/demo%2")).status, 400);
+  EXPECT_EQ(HttpCall("GET", Url("/v2/health/ready")).status, 200);
+}
+
 // The calls every encoding is checked on: padded with lengths, packed, cross with context
 // lengths, causal with attention.
 std::vector<Call> Calls(const std::string& float_type, const std::string& length_type = "INT32") {

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -20,19 +22,49 @@
 namespace attnserve::server {
 namespace {
 
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// `raw` with its %XX escapes decoded; nullopt for a malformed escape or one that decodes to a
+// NUL byte. (civetweb decodes into a C string, which a %00 cut short: /v2/models/demo%00x/ready
+// was read as /v2/models/demo, and answered as that.)
+std::optional<std::string> DecodePath(absl::string_view raw) {
+  std::string path;
+  path.reserve(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] != '%') {
+      path.push_back(raw[i]);
+      continue;
+    }
+    const int high = i + 2 < raw.size() ? HexDigit(raw[i + 1]) : -1;
+    const int low = high >= 0 ? HexDigit(raw[i + 2]) : -1;
+    if (low < 0 || (high == 0 && low == 0)) return std::nullopt;
+    path.push_back(static_cast<char>(high * 16 + low));
+    i += 2;
+  }
+  return path;
+}
+
 // One request on a civetweb connection, as the handlers see it.
 class CivetExchange final : public HttpExchange {
  public:
   CivetExchange(mg_connection* connection, bool closing, SlowReadCutter* cutter)
       : connection_(connection),
         info_(mg_get_request_info(connection)),
+        path_(DecodePath(info_->local_uri != nullptr ? info_->local_uri : "")),
         closing_(closing),
         cutter_(cutter) {}
 
   absl::string_view method() const override { return info_->request_method; }
   absl::string_view path() const override {
-    return info_->local_uri != nullptr ? info_->local_uri : "";
+    return path_.has_value() ? absl::string_view(*path_) : absl::string_view();
   }
+  // False when the path holds a malformed %-escape or a %00.
+  bool path_ok() const { return path_.has_value(); }
   std::string peer() const override {
     const absl::string_view address = info_->remote_addr;
     return address.find(':') == absl::string_view::npos
@@ -73,6 +105,7 @@ class CivetExchange final : public HttpExchange {
 
   mg_connection* const connection_;
   const mg_request_info* const info_;
+  const std::optional<std::string> path_;  // decoded here (decode_url is off)
   const bool closing_;
   SlowReadCutter* const cutter_;
   bool replied_ = false;
@@ -209,23 +242,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   const std::string header_timeout = std::to_string(o.header_timeout_ms);
   const std::string idle_timeout = std::to_string(o.idle_timeout_ms);
   const std::string header_bytes = std::to_string(o.max_header_bytes);
-  const char* civet_options[] = {"listening_ports",
-                                 ports.c_str(),
-                                 "num_threads",
-                                 threads.c_str(),
-                                 "request_timeout_ms",
-                                 header_timeout.c_str(),
-                                 "keep_alive_timeout_ms",
-                                 idle_timeout.c_str(),
-                                 "enable_keep_alive",
-                                 "yes",
-                                 "max_request_size",
-                                 header_bytes.c_str(),
-                                 "tcp_nodelay",
-                                 "1",
-                                 "enable_auth_domain_check",
-                                 "no",
-                                 nullptr};
+  const char* civet_options[] = {"listening_ports", ports.c_str(), "num_threads", threads.c_str(),
+                                 "request_timeout_ms", header_timeout.c_str(),
+                                 "keep_alive_timeout_ms", idle_timeout.c_str(), "enable_keep_alive",
+                                 "yes", "max_request_size", header_bytes.c_str(), "tcp_nodelay",
+                                 "1", "enable_auth_domain_check", "no",
+                                 // Paths are decoded by CivetExchange, which refuses a %00.
+                                 "decode_url", "no", nullptr};
   mg_callbacks callbacks{};
   callbacks.log_message = &HttpServer::LogMessage;
   callbacks.http_error = &HttpServer::LibraryError;
@@ -313,6 +336,13 @@ int HttpServer::Handle(mg_connection* connection) {
         exchange,
         absl::InvalidArgumentError(absl::StrCat("more than ", MG_MAX_HEADERS - 1, " headers")),
         /*close=*/true);
+    return 400;
+  }
+  if (!exchange.path_ok()) {
+    ReplyError(exchange,
+               absl::InvalidArgumentError(
+                   "the path holds a malformed %-escape or a NUL byte (%00): no endpoint has one"),
+               /*close=*/true);
     return 400;
   }
   if (exchange.Header("Transfer-Encoding").has_value() &&
