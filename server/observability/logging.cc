@@ -1,5 +1,6 @@
 #include "server/observability/logging.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,8 +63,12 @@ std::string TextValue(const LogField& field) {
       [](const auto& v) -> std::string {
         using T = std::decay_t<decltype(v)>;
         if constexpr (std::is_same_v<T, std::string>) {
-          // Quote values a reader could not split on spaces.
-          const bool plain = !v.empty() && v.find_first_of(" \"=\n\t") == std::string::npos;
+          // Quoted (JSON's escapes; invalid UTF-8 replaced) unless every byte is printable ASCII
+          // other than a quote or '=': a reader can split the line on spaces, and a caller's
+          // bytes (a model name) cannot write control codes or broken text into it.
+          const bool plain = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
+            return c > ' ' && c < 0x7f && c != '"' && c != '=';
+          });
           return plain ? v : JsonString(v);
         } else if constexpr (std::is_same_v<T, bool>) {
           return v ? "true" : "false";

@@ -1,6 +1,8 @@
 // The log as an operator reads it: floods summarised (LogSummarizer), and gRPC's and
 // protobuf's own lines written by our logger, as JSON and at our level.
 
+#include "server/observability/logging.h"
+
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -109,6 +111,25 @@ TEST_F(LoggingTest, RefusedSessionMessagesAreLoggedAsFailedCallsAre) {
 
 // A call naming no model the server has is logged with the name it sent (clipped), though its
 // metrics count it under "" (a client's text is never a label).
+// In text lines, a value a caller chose (a model name) cannot write control codes, broken UTF-8
+// or a fake field: anything but plain printable ASCII is quoted with JSON's escapes.
+TEST_F(LoggingTest, TextValuesWithControlCodesOrInvalidUtf8AreQuotedAndEscaped) {
+  InitLogging(LogLevel::kInfo, LogFormat::kText);
+  ::testing::internal::CaptureStderr();
+  Log(LogLevel::kInfo, "forward failed",
+      {{"code", "NOT_FOUND"},
+       {"model", std::string("\xff\xfe\x1b[31mred")},
+       {"spoof", "a code=OK"},
+       {"name", "caf\xc3\xa9"}});
+  const std::string line = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(line.find(" code=NOT_FOUND"), std::string::npos) << line;
+  EXPECT_EQ(line.find('\x1b'), std::string::npos) << "a raw escape code was written";
+  EXPECT_EQ(line.find('\xff'), std::string::npos) << "invalid UTF-8 was written";
+  EXPECT_NE(line.find("\\u001b[31mred"), std::string::npos) << line;
+  EXPECT_NE(line.find(" spoof=\"a code=OK\""), std::string::npos) << line;
+  EXPECT_NE(line.find(" name=\"caf\xc3\xa9\""), std::string::npos) << line;
+}
+
 TEST_F(LoggingTest, ACallToAnUnknownModelIsLoggedWithTheNameItSent) {
   std::unique_ptr<Server> server = StartServer(ServerOptions{});
   ASSERT_NE(server, nullptr);
