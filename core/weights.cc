@@ -390,9 +390,10 @@ absl::StatusOr<LayerWeights> BuildFromFile(SafetensorsFile& file, const LoadOpti
     mine.emplace(name.substr(prefix.size()), std::move(tensor));
   }
   if (mine.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(file.path, ": no tensor",
-                                                   prefix.empty() ? "" : " under the prefix '",
-                                                   prefix, prefix.empty() ? "" : "'"));
+    // The prefix clipped as names are: a config's may be of any length.
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path, ": no tensor", prefix.empty() ? "" : " under the prefix '",
+                     NameForMessage(prefix), prefix.empty() ? "" : "'"));
   }
   TensorSet set(file.path, prefix, std::move(mine));
   return BuildWeights(set, file, options, structure_only);

@@ -349,8 +349,12 @@ TEST_F(LoadRefusalTest, PrefixSelectsTheLayerAndIgnoresTheRestOfTheModel) {
   EXPECT_EQ(w->spec.layout, WeightLayout::kFusedQkv);
   // No prefix: the names are not a layout's.
   EXPECT_EQ(Code(model), kInvalid);
-  // A prefix under which nothing lives.
+  // A prefix under which nothing lives; a long one is clipped in the message, as names are.
   EXPECT_EQ(Code(model, "2", {std::nullopt, "encoder."}), kInvalid);
+  const absl::Status long_prefix =
+      Load(model, "2", {std::nullopt, std::string(100000, 'x')}).status();
+  EXPECT_EQ(long_prefix.code(), kInvalid);
+  EXPECT_LT(long_prefix.message().size(), 1000u) << long_prefix.message().substr(0, 300);
   // A tensor under the prefix that the layout does not use is refused, naming it in full.
   model.push_back(PatternTensor("decoder.attn.extra", {2}));
   absl::StatusOr<LayerWeights> bad = Load(model, "2", {std::nullopt, "decoder.attn."});
