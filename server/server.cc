@@ -355,6 +355,10 @@ void Server::DrainLocked(std::chrono::milliseconds grace, std::chrono::milliseco
   // threads below are joined: a watchdog probe under way takes up to its deadline (3 s).
   SetServing(false);
   admission_->StopAccepting();
+  // Streams waiting for their clients' next message end now, so that those clients go on
+  // elsewhere at once; the others end after the answer of the message they are serving.
+  service_->EndIdleStreams();
+  inference_service_->EndIdleStreams();
   // REST replies from now on say Connection: close, so keep-alive clients reconnect elsewhere.
   if (http_server_ != nullptr) http_server_->CloseConnections();
   // The listener is about to close on purpose: its watchdog must not take that for deafness.

@@ -10,6 +10,10 @@
 
 namespace attnserve::server {
 
+// What a frontend answers while the server drains (Admission::accepting() is false): the client
+// goes on elsewhere.
+inline absl::Status ShuttingDown() { return absl::UnavailableError("the server is shutting down"); }
+
 // The one way into compute, for every frontend. It decides, in this order, each in one place:
 // shutting down? which model? deadline already passed? room in its queue, and time before the
 // deadline for the work already queued (the scheduler's measured cost)? — all before the call's

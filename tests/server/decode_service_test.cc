@@ -777,23 +777,6 @@ TEST_F(DecodeServiceTest, ASequenceStepAskingForAttentionIsRefused) {
       grpc::StatusCode::NOT_FOUND);
 }
 
-// A drain with sessions open: the next message of each ends its stream UNAVAILABLE (the client
-// replays elsewhere) and its cache goes.
-TEST_F(DecodeServiceTest, ADrainEndsOpenSessionsUnavailable) {
-  grpc::ClientContext context;
-  std::unique_ptr<Stream> stream = Open(&context);
-  v1::DecodeRequest first = Tokens(0, 4);
-  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
-  ASSERT_EQ(Exchange(*stream, first).error_code(), 0);
-  server_->Drain(std::chrono::seconds(5), std::chrono::milliseconds(0));
-  ASSERT_TRUE(stream->Write(Tokens(4, 1)));
-  v1::DecodeResponse response;
-  EXPECT_FALSE(stream->Read(&response));
-  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
-  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
-}
-
 // A drain whose grace ends while a prompt computes stops it at the chunk running: the step is
 // answered UNAVAILABLE and the server does not wait for the rest of the prompt.
 TEST_F(DecodeServiceTest, ADrainPastItsGraceStopsAPromptAtItsChunk) {
@@ -1303,6 +1286,44 @@ TEST_F(DecodeServiceTest, AStepWhoseStreamIsCancelledIsCounted) {
   // The prompt stopped at the chunk that was running: the rest of it was not computed.
   EXPECT_LT(Counter("attnserve_decode_tokens_total") - tokens_before, 12000)
       << "the prompt ran to its end after its stream was cancelled";
+  EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
+}
+
+// A drain with sessions open: a Decode stream, and a ModelStreamInfer stream, waiting for their
+// clients' next message end UNAVAILABLE as the drain begins, not when it ends (the clients go on
+// elsewhere at once), and the session's cache goes.
+TEST_F(DecodeServiceTest, ADrainEndsStreamsWaitingForAMessageAtOnce) {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context);
+  v1::DecodeRequest first = Tokens(0, 4);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL);
+  ASSERT_EQ(Exchange(*stream, first).error_code(), 0);
+  auto infer = inference::GRPCInferenceService::NewStub(Connect(server_->port()));
+  grpc::ClientContext infer_context;
+  infer_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto infer_stream = infer->ModelStreamInfer(&infer_context);
+  inference::ModelStreamInferResponse infer_response;
+  // One whole sequence (start and end): the stream then holds none.
+  ASSERT_TRUE(infer_stream->Write(SequenceRequest(sequence_, 0, 3, 5, true, true)));
+  ASSERT_TRUE(infer_stream->Read(&infer_response));
+  ASSERT_EQ(infer_response.error_message(), "");
+
+  // A drain whose lame duck (after the drain proper) lasts 3 s: the streams end long before.
+  const auto start = std::chrono::steady_clock::now();
+  std::thread drain([&] { server_->Drain(std::chrono::seconds(5), std::chrono::seconds(3)); });
+  v1::DecodeResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  const grpc::Status ended = stream->Finish();
+  EXPECT_FALSE(infer_stream->Read(&infer_response));
+  const grpc::Status infer_ended = infer_stream->Finish();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2))
+      << "the streams ended with the transport, at the drain's end";
+  drain.join();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE) << ended.error_message();
+  EXPECT_NE(ended.error_message().find("shutting down"), std::string::npos)
+      << ended.error_message();
+  EXPECT_EQ(infer_ended.error_code(), grpc::StatusCode::UNAVAILABLE) << infer_ended.error_message();
+  EXPECT_EQ(Gauge("attnserve_sessions"), 0);
   EXPECT_EQ(Gauge("attnserve_kv_cache_bytes"), 0);
 }
 

@@ -143,9 +143,8 @@ void Infer(Admission& admission, SequenceTable& sequences, const HttpBodyLimits&
   // The body is read before admission (REST carries sequence parameters in it), unless the
   // server is shutting down, and parsed after admission's refusals unless it names a sequence.
   // A body that cannot be read is refused by admission too, so that every call is counted.
-  absl::StatusOr<HttpInferBody> body = admission.accepting()
-                                           ? ReadInferBody(exchange, limits)
-                                           : absl::UnavailableError("the server is shutting down");
+  absl::StatusOr<HttpInferBody> body =
+      admission.accepting() ? ReadInferBody(exchange, limits) : ShuttingDown();
   const bool body_read = body.ok();
   const std::string& model = exchange.params.at("model");
   HttpInferCall call(model, Version(exchange), std::move(body), arrival, *deadline);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "inference/grpc_service.grpc.pb.h"
+#include "server/frontends/open_streams.h"
 #include "server/serving/admission.h"
 #include "server/serving/sequence_table.h"
 #include "server/transport/admin_auth.h"
@@ -66,6 +67,10 @@ class InferenceService final
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) override;
 
+  // Draining (admission no longer accepts): ends the ModelStreamInfer streams waiting for a
+  // message.
+  void EndIdleStreams() { streams_.EndIdle(); }
+
  private:
   // The model `name` at `version` ("" for the newest ready one), or NotFound.
   absl::StatusOr<ModelRegistry::Found> FindModel(const std::string& name,
@@ -76,6 +81,7 @@ class InferenceService final
   Admission* const admission_;
   const AdminAuthorizer* const admin_;
   SequenceTable* const sequences_;
+  OpenStreams streams_;
 };
 
 // The tensor contract of `model` as ModelMetadata states it: -1 for dimensions of any size;

@@ -89,18 +89,44 @@ void ProtoSequenceStep::Run(std::function<void(absl::Status)> done) {
   step_.Run(step_request_, std::move(done));
 }
 
-StreamInferCall::StreamInferCall(Admission* admission, SequenceTable* table)
-    : admission_(admission), table_(table) {
-  { std::lock_guard lock(mu_); }  // the members' construction, before any reaction
+StreamInferCall::StreamInferCall(Admission* admission, SequenceTable* table, OpenStreams* streams)
+    : admission_(admission), table_(table), streams_(streams) {
+  {
+    std::lock_guard lock(mu_);  // the members' construction, before any reaction
+    reading_ = true;
+  }
   StartRead(&request_bytes_);
+  streams_->Add(this);
+}
+
+void StreamInferCall::EndIfIdle() {
+  {
+    std::lock_guard lock(mu_);
+    if (!reading_ || finished_) return;
+    finished_ = true;
+  }
+  // The read waiting ends (not ok) and finds the stream finished.
+  Finish(ToGrpcStatus(ShuttingDown()));
+}
+
+void StreamInferCall::End(const grpc::Status& status) {
+  {
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+  }
+  Finish(status);
 }
 
 void StreamInferCall::OnReadDone(bool ok) {
+  {
+    std::lock_guard lock(mu_);  // the last answer's writes (any thread), before this read's
+    reading_ = false;
+  }
   if (!ok) {
-    Finish(grpc::Status::OK);
+    End(grpc::Status::OK);
     return;
   }
-  { std::lock_guard lock(mu_); }  // the last answer's writes (any thread), before this read's
   if (absl::Status s = ParseStreamMessage(&request_bytes_, &request_); !s.ok()) {
     Answer(s);
     return;
@@ -146,7 +172,7 @@ void StreamInferCall::Answer(const absl::Status& status) {
     serialized = SerializeStreamMessage(response_, &response_bytes_);
   }
   if (!serialized.ok()) {
-    Finish(serialized);
+    End(serialized);
     return;
   }
   StartWrite(&response_bytes_);
@@ -163,9 +189,21 @@ void StreamInferCall::OnWriteDone(bool ok) {
     response_ = inference::ModelStreamInferResponse();
   }
   if (!ok) {
-    Finish(grpc::Status::OK);
+    End(grpc::Status::OK);
     return;
   }
+  // Draining: the stream ends after its answer (EndIfIdle may have come already, or comes once
+  // reading_ is set; either ends it).
+  if (!admission_->accepting()) {
+    End(ToGrpcStatus(ShuttingDown()));
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    reading_ = true;
+  }
+  // Within a reaction: a Finish by EndIfIdle meanwhile fails this read, and OnDone waits for
+  // the reaction's end.
   StartRead(&request_bytes_);
 }
 
@@ -181,6 +219,7 @@ void StreamInferCall::OnCancel() {
 
 void StreamInferCall::OnDone() {
   { std::lock_guard lock(mu_); }
+  streams_->Remove(this);
   delete this;
 }
 

@@ -14,6 +14,7 @@
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/frontends/oip/infer_codec.h"
 #include "server/frontends/oip/sequence_step.h"
+#include "server/frontends/open_streams.h"
 #include "server/serving/admission.h"
 #include "server/serving/sequence_table.h"
 
@@ -55,10 +56,15 @@ class ProtoSequenceStep {
 // Triton's ModelStreamInfer: one stream of sequence steps, answered in order, each failure (a
 // message that is not a ModelInferRequest too) as the response's error_message with the stream
 // open.
-class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                              public DrainableStream {
  public:
-  StreamInferCall(Admission* admission, SequenceTable* table);
+  // Starts reading, and joins `streams` (which outlives the call).
+  StreamInferCall(Admission* admission, SequenceTable* table, OpenStreams* streams);
 
+  // Draining: ends the stream UNAVAILABLE while it waits for a message (its sequences stay,
+  // until their idle timeout or the server's end); one serving a message ends after its answer.
+  void EndIfIdle() override;
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
   // The stream ended (cancel, deadline, disconnect): a step waiting its turn is taken back.
@@ -67,9 +73,12 @@ class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
 
  private:
   void Answer(const absl::Status& status);
+  // Finishes the stream, once.
+  void End(const grpc::Status& status);
 
   Admission* const admission_;
   SequenceTable* const table_;
+  OpenStreams* const streams_;
   grpc::ByteBuffer request_bytes_;
   grpc::ByteBuffer response_bytes_;
   inference::ModelInferRequest request_;
@@ -81,6 +90,8 @@ class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   // the lock) while the answer may end it.
   std::shared_ptr<ProtoSequenceStep> step_;
   bool cancelled_ = false;  // guarded by mu_: OnCancel came (it may come before a step waits)
+  bool reading_ = false;    // guarded by mu_: waiting for the client's next message
+  bool finished_ = false;   // guarded by mu_
 };
 
 // ModelInfer for a sequence step: a unary call answered when the step has run.

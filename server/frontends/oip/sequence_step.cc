@@ -67,7 +67,7 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceStep::SessionFor(const Sequence
 
 void SequenceStep::Run(const SequenceRequest& request, std::function<void(absl::Status)> done) {
   model_ = request.model;
-  if (!admission_->accepting()) return done(absl::UnavailableError("the server is shutting down"));
+  if (!admission_->accepting()) return done(ShuttingDown());
   if (request.params.id.size() > kMaxSequenceIdBytes + 2) {  // a string id is quoted
     return done(
         absl::InvalidArgumentError(absl::StrCat("a sequence_id of at most ", kMaxSequenceIdBytes,

@@ -31,7 +31,7 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(grpc::CallbackServerConte
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::Decode(
     grpc::CallbackServerContext* /*context*/) {
-  return new DecodeCall(admission_);
+  return new DecodeCall(admission_, &streams_);
 }
 
 v1::ModelInfo DescribeVersion(const VersionStatus& version) {

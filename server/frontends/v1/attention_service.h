@@ -1,6 +1,7 @@
 #pragma once
 
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "server/frontends/open_streams.h"
 #include "server/serving/admission.h"
 
 namespace attnserve::server {
@@ -29,8 +30,12 @@ class AttentionService final
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Decode(
       grpc::CallbackServerContext* context) override;
 
+  // Draining (admission no longer accepts): ends the Decode streams waiting for a message.
+  void EndIdleStreams() { streams_.EndIdle(); }
+
  private:
   Admission* const admission_;
+  OpenStreams streams_;
 };
 
 // The ModelInfo ListModels reports for `model`: the one list of what a model is, which the

@@ -17,13 +17,32 @@ absl::Status StreamEnded() { return absl::CancelledError("the stream ended"); }
 
 }  // namespace
 
-DecodeCall::DecodeCall(Admission* admission) : admission_(admission) {
-  { std::lock_guard lock(mu_); }  // the members' construction, before any reaction
+DecodeCall::DecodeCall(Admission* admission, OpenStreams* streams)
+    : admission_(admission), streams_(streams) {
+  {
+    std::lock_guard lock(mu_);  // the members' construction, before any reaction
+    reading_ = true;
+  }
   StartRead(&request_bytes_);
+  streams_->Add(this);
+}
+
+void DecodeCall::EndIfIdle() {
+  {
+    std::lock_guard lock(mu_);
+    if (!reading_ || finished_) return;
+    finished_ = true;
+    session_.reset();  // the cache is freed now
+  }
+  // The read waiting ends (not ok) and finds the stream finished.
+  Finish(ToGrpcStatus(ShuttingDown()));
 }
 
 void DecodeCall::OnReadDone(bool ok) {
-  { std::lock_guard lock(mu_); }  // the last answer's writes (any thread), before this read's
+  {
+    std::lock_guard lock(mu_);  // the last answer's writes (any thread), before this read's
+    reading_ = false;
+  }
   if (!ok) {
     // The client closed its side (the session's normal end) or the stream broke.
     End(grpc::Status::OK);
@@ -48,9 +67,8 @@ const std::string& DecodeCall::model() const {
 void DecodeCall::Take() {
   if (!admission_->accepting()) {
     // Draining: the stream ends, so its client replays its sequence on another replica.
-    const absl::Status draining = absl::UnavailableError("the server is shutting down");
-    admission_->SessionMessageAnswered(model(), draining);
-    End(ToGrpcStatus(draining));
+    admission_->SessionMessageAnswered(model(), ShuttingDown());
+    End(ToGrpcStatus(ShuttingDown()));
     return;
   }
   const bool opening = session_ == nullptr;
@@ -246,6 +264,21 @@ void DecodeCall::OnWriteDone(bool ok) {
     End(grpc::Status::OK);
     return;
   }
+  ReadNext();
+}
+
+void DecodeCall::ReadNext() {
+  // Draining (EndIdle may have come already, or comes once reading_ is set; either ends it).
+  if (!admission_->accepting()) {
+    End(ToGrpcStatus(ShuttingDown()));
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    reading_ = true;
+  }
+  // Within a reaction (OnWriteDone): a Finish by EndIfIdle meanwhile fails this read, and
+  // OnDone waits for the reaction's end.
   StartRead(&request_bytes_);
 }
 
@@ -279,6 +312,7 @@ void DecodeCall::OnDone() {
   // Finish (perhaps on the compute thread) comes before OnDone inside gRPC, out of a thread
   // sanitizer's sight; the lock makes that order visible to it too.
   { std::lock_guard lock(mu_); }
+  streams_->Remove(this);
   delete this;
 }
 

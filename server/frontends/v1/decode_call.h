@@ -8,6 +8,7 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
+#include "server/frontends/open_streams.h"
 #include "server/serving/admission.h"
 #include "server/serving/session.h"
 
@@ -17,12 +18,15 @@ namespace attnserve::server {
 // session (the first opens it through admission) and answered in the stream when the step has
 // run; a refused message (a message that is not a DecodeRequest too) is answered with its
 // error_code and changes nothing. The session, and its cache, ends with the stream: the client's
-// end, a cancel, a deadline, a broken connection.
-class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// end, a cancel, a deadline, a broken connection, a drain (at once while the stream waits for a
+// message, else after the message's answer).
+class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                         public DrainableStream {
  public:
-  // `admission` outlives the call. Starts reading.
-  explicit DecodeCall(Admission* admission);
+  // `admission` and `streams` outlive the call. Starts reading, and joins `streams`.
+  DecodeCall(Admission* admission, OpenStreams* streams);
 
+  void EndIfIdle() override;
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -49,8 +53,11 @@ class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   void Answer(const absl::Status& status);
   // Finishes the stream once, freeing the session first; waits for a step in flight.
   void End(const grpc::Status& status);
+  // Reads the next message; or, the server draining, ends the stream.
+  void ReadNext();
 
   Admission* const admission_;
+  OpenStreams* const streams_;
   grpc::ByteBuffer request_bytes_;
   grpc::ByteBuffer response_bytes_;
   v1::DecodeRequest request_;
@@ -71,6 +78,7 @@ class DecodeCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   bool first_step_ = false;      // guarded by mu_: the step in flight is the session's first
   bool cancelled_ = false;       // guarded by mu_
   bool finished_ = false;        // guarded by mu_
+  bool reading_ = false;         // guarded by mu_: waiting for the client's next message
 };
 
 }  // namespace attnserve::server
