@@ -90,9 +90,9 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->check(CLI::Range(0.001, 2e6))
       ->capture_default_str();
   app.add_option("--http-bodies-mib", o.http_bodies_mib,
-                 "MiB of request bodies the REST port holds at once, from their first byte to "
-                 "their answer; a body past it gets 503; 0 = an eighth of the memory the process "
-                 "may use (its cgroup's limit included), at least --max-message-mib")
+                 "MiB of request bodies the REST port holds at once, counted as their bytes arrive "
+                 "and until their answer; a body past it gets 503; at least --max-message-mib; "
+                 "0 = an eighth of the memory the process may use (its cgroup's limit included)")
       ->capture_default_str();
   app.add_option("--model", flags.models, kModelHelp);
   app.add_option("--model-repository", o.model_repository,

@@ -143,8 +143,11 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         "--http-max-connections must be in 1..65536 and the HTTP timeouts positive");
   }
-  if (options.http_bodies_mib < 0 || options.http_bodies_mib > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError("--http-bodies-mib must be in 0..2^30 (0: the default)");
+  if (options.http_bodies_mib != 0 &&
+      (options.http_bodies_mib < options.max_message_mib || options.http_bodies_mib > (1 << 30))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-bodies-mib must be 0 (the default) or from --max-message-mib (",
+                     options.max_message_mib, ": one largest body must fit) to 2^30"));
   }
   if (options.max_message_mib <= 0 || options.max_message_mib > 2047) {
     return absl::InvalidArgumentError("--max-message-mib must be in 1..2047");

@@ -106,8 +106,8 @@ struct ServerOptions {
   int http_body_timeout_ms = HttpServerOptions{}.body_timeout_ms;
   // A REST keep-alive connection without a request for this long is closed.
   int http_idle_timeout_ms = HttpServerOptions{}.idle_timeout_ms;
-  // MiB of request bodies the REST port holds at once (HttpBodyBudget); 0: an eighth of the
-  // memory the process may use, at least --max-message-mib.
+  // MiB of request bodies the REST port holds at once (HttpBodyBudget), at least
+  // --max-message-mib; 0: an eighth of the memory the process may use (at least that too).
   int64_t http_bodies_mib = 0;
 };
 

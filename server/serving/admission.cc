@@ -18,7 +18,7 @@ Admission::Admission(ModelRegistry* registry, CallReporter* reporter, SessionMan
 absl::StatusOr<std::unique_ptr<Session>> Admission::OpenSession(
     absl::string_view model, uint64_t version, core::AttentionKind kind, int64_t batch,
     const core::RaggedBatch* context, bool restart) {
-  if (!accepting()) return absl::UnavailableError("the server is shutting down");
+  if (!accepting()) return ShuttingDown();
   absl::StatusOr<ModelRegistry::Found> found = registry_->Find(model, version);
   if (!found.ok()) return found.status();
   ServedModel& served = *found->model;
@@ -29,8 +29,7 @@ absl::StatusOr<std::unique_ptr<Session>> Admission::OpenSession(
 void Admission::Admit(Job* job) {
   reporter_->Arrived();
   if (!accepting()) {
-    reporter_->Answer(*job, "", /*decoded=*/false,
-                      absl::UnavailableError("the server is shutting down"), {});
+    reporter_->Answer(*job, "", /*decoded=*/false, ShuttingDown(), {});
     return;
   }
   absl::StatusOr<absl::string_view> requested = job->RequestedModel();

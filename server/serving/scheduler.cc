@@ -211,7 +211,11 @@ absl::Status Scheduler::Submit(Job* job) {
 }
 
 void Scheduler::Dispatch(Job* job, bool gone, bool run_inline) noexcept {
-  Log(LogLevel::kTrace, "forward queued", {{"model", model_name_}});
+  try {
+    Log(LogLevel::kTrace, "forward queued", {{"model", model_name_}});
+  } catch (const std::exception&) {
+    // A trace line lost to memory running out: no reason to end the process.
+  }
   if (gone) Cancel(job);
   if (!(run_inline && executor_->TryRunInline(this))) executor_->Notify();
 }

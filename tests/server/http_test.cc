@@ -801,10 +801,10 @@ TEST_F(HttpLimitsTest, ABodyOverTheLimitIs413BeforeItIsRead) {
             413);
 }
 
-// The bodies the REST port holds at once are bounded (--http-bodies-mib): while a client holds
-// most of that room with a body it stopped sending, another large body is refused 503 at once,
-// before it is read, and a small call still goes through; the room comes back when the stalled
-// request ends.
+// The bodies the REST port holds at once are bounded (--http-bodies-mib), counted as their bytes
+// arrive: while a client holds most of that room with a body it stopped sending, another large
+// body is refused 503 as it passes the room left, and a small call still goes through; the room
+// comes back when the stalled request ends. Headers declaring a body that never comes hold none.
 TEST(HttpBodyBudgetTest, BodiesHeldAtOnceAreBoundedAndTheRoomComesBack) {
   ServerOptions options = DemoOptions();
   options.max_message_mib = 1;
@@ -812,6 +812,12 @@ TEST(HttpBodyBudgetTest, BodiesHeldAtOnceAreBoundedAndTheRoomComesBack) {
   std::unique_ptr<Server> server = StartServer(options);
   ASSERT_NE(server, nullptr);
   const int port = server->http_port();
+  const int declared_only = ConnectLoopback(port);
+  ASSERT_GE(declared_only, 0);
+  const std::string promise =
+      "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n";
+  ASSERT_EQ(send(declared_only, promise.data(), promise.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(promise.size()));
   const std::string head =
       "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 700000\r\n\r\n";
   const int stalled = ConnectLoopback(port);
@@ -824,6 +830,7 @@ TEST(HttpBodyBudgetTest, BodiesHeldAtOnceAreBoundedAndTheRoomComesBack) {
     sent += n;
   }
   // Another 700 KB body: 503 once the stalled one holds its room (400 before: read, not JSON).
+  // Declared alone, the 900 KB hold nothing: else the stalled body would not fit.
   const std::string other = head + std::string(700000, ' ');
   std::string refused;
   EXPECT_TRUE(WaitFor([&] {
@@ -836,11 +843,13 @@ TEST(HttpBodyBudgetTest, BodiesHeldAtOnceAreBoundedAndTheRoomComesBack) {
   const auto [body, headers] = ToRest(small, Form::kNested, /*binary_output=*/false);
   EXPECT_EQ(HttpCall("POST", url, body, headers).status, 200);
   close(stalled);  // its request fails, and gives its room back
+  // Read whole (400: not JSON) beside the 900 KB declared and never sent.
   std::string taken;
   EXPECT_TRUE(WaitFor([&] {
     taken = RawExchange(port, other, std::chrono::seconds(1));
     return RawStatus(taken) == 400;
   })) << taken.substr(0, 300);
+  close(declared_only);
 }
 
 // Writes a token file and returns its path.
@@ -857,6 +866,11 @@ TEST(HttpSecurityTest, BearerTokensGuardEverythingButHealth) {
   ASSERT_NE(server, nullptr);
   const std::string base = absl::StrCat("http://127.0.0.1:", server->http_port());
   EXPECT_EQ(HttpCall("GET", base + "/v2/health/ready").status, 200);
+  EXPECT_EQ(HttpCall("GET", base + "/v2/health/live").status, 200);
+  // Only those two paths: not another path that begins like them, however it is written.
+  EXPECT_EQ(HttpCall("GET", base + "/v2/health/%2e%2e/models/demo").status, 401);
+  EXPECT_EQ(HttpCall("POST", base + "/v2/health/%2E%2E/models/demo/infer", SmallCall(), {}).status,
+            401);
   EXPECT_EQ(HttpCall("GET", base + "/v2").status, 401);
   EXPECT_EQ(HttpCall("GET", base + "/v2", "", {"Authorization: Bearer wrong"}).status, 401);
   EXPECT_EQ(HttpCall("GET", base + "/v2", "", {"Authorization: s3cret"}).status, 401);
@@ -1289,6 +1303,18 @@ TEST(HttpOptionsTest, OffAndBadAddresses) {
   options.http_listen = "127.0.0.1:0";
   options.http_max_connections = 0;
   EXPECT_FALSE(CheckOptions(options).ok());
+  // Room for the bodies held at once: at least one largest body.
+  options.http_max_connections = 16;
+  options.max_message_mib = 64;
+  options.http_bodies_mib = 63;
+  const absl::Status small = CheckOptions(options);
+  EXPECT_FALSE(small.ok());
+  EXPECT_NE(small.message().find("--max-message-mib"), std::string::npos) << small;
+  options.http_bodies_mib = 64;
+  EXPECT_TRUE(CheckOptions(options).ok());
+  options.http_bodies_mib = 0;
+  EXPECT_TRUE(CheckOptions(options).ok());
+  EXPECT_GE(HttpBodiesBytes(options), int64_t{64} << 20);
 }
 
 }  // namespace

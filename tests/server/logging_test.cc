@@ -109,8 +109,6 @@ TEST_F(LoggingTest, RefusedSessionMessagesAreLoggedAsFailedCallsAre) {
   EXPECT_EQ(lines[1]["code"], "INVALID_ARGUMENT");
 }
 
-// A call naming no model the server has is logged with the name it sent (clipped), though its
-// metrics count it under "" (a client's text is never a label).
 // In text lines, a value a caller chose (a model name) cannot write control codes, broken UTF-8
 // or a fake field: anything but plain printable ASCII is quoted with JSON's escapes.
 TEST_F(LoggingTest, TextValuesWithControlCodesOrInvalidUtf8AreQuotedAndEscaped) {
@@ -130,6 +128,8 @@ TEST_F(LoggingTest, TextValuesWithControlCodesOrInvalidUtf8AreQuotedAndEscaped) 
   EXPECT_NE(line.find(" name=\"caf\xc3\xa9\""), std::string::npos) << line;
 }
 
+// A call naming no model the server has is logged with the name it sent (clipped), though its
+// metrics count it under "" (a client's text is never a label).
 TEST_F(LoggingTest, ACallToAnUnknownModelIsLoggedWithTheNameItSent) {
   std::unique_ptr<Server> server = StartServer(ServerOptions{});
   ASSERT_NE(server, nullptr);

@@ -20,9 +20,10 @@
 
 namespace attnserve::server {
 
-// The bytes of request bodies a REST port holds at once, each from its reading to its request's
-// end (the call reads its tensors in place): slow senders of large bodies cannot push the
-// server's memory past it.
+// The bytes of request bodies a REST port holds at once, each from its first byte to its
+// request's end (the call reads its tensors in place), counted as they arrive: senders that
+// stall in the middle of large bodies cannot push the server's memory past it, and headers
+// declaring a large body that never comes hold none of it.
 class HttpBodyBudget {
  public:
   explicit HttpBodyBudget(int64_t limit) : limit_(limit) {}
@@ -51,7 +52,7 @@ struct HttpBodyLimits {
 };
 
 // A request body read whole, with spare capacity past its end (for an in-place JSON parse). It
-// holds its capacity of the port's budget until it goes.
+// holds its bytes received of the port's budget (in steps of 64 KiB) until it goes.
 class HttpBody {
  public:
   HttpBody() = default;
@@ -69,17 +70,15 @@ class HttpBody {
     if (budget_ != nullptr) budget_->Give(charged_);
   }
 
-  // Makes room for `capacity` bytes, charged to `budget` (when not null): false, with nothing
-  // changed, when the budget cannot take them.
-  bool Reserve(size_t capacity, HttpBodyBudget* budget) {
-    const int64_t more = static_cast<int64_t>(capacity) - charged_;
-    if (budget != nullptr && more > 0) {
-      if (!budget->Take(more)) return false;
-      if (budget_ != nullptr && budget_ != budget) budget_->Give(charged_);
-      budget_ = budget;
-      charged_ += more;
-    }
-    bytes.reserve(capacity);
+  // Charges `held` bytes (rounded up to 64 KiB) to `budget`, which must be the same one each
+  // time (none: nothing is charged): false, with nothing taken, when the budget cannot take them.
+  bool Hold(int64_t held, HttpBodyBudget* budget) {
+    constexpr int64_t kStep = 64 << 10;
+    const int64_t more = (held + kStep - 1) / kStep * kStep - charged_;
+    if (budget == nullptr || more <= 0) return true;
+    if (!budget->Take(more)) return false;
+    budget_ = budget;
+    charged_ += more;
     return true;
   }
 

@@ -129,11 +129,11 @@ void CivetExchange::Linger() {
 }
 
 // A body the port's budget cannot take now (others hold it): the client may retry soon.
-absl::Status BudgetSpent(const HttpBodyBudget& budget, int64_t bytes) {
-  return absl::UnavailableError(absl::StrCat(
-      "the server holds ", budget.used() >> 20, " MiB of other requests' bodies and cannot make ",
-      (bytes + (1 << 20) - 1) >> 20, " MiB of room for this one (--http-bodies-mib ",
-      budget.limit() >> 20, "): retry shortly"));
+absl::Status BudgetSpent(const HttpBodyBudget& budget) {
+  return absl::UnavailableError(
+      absl::StrCat("the server holds ", budget.used() >> 20,
+                   " MiB of request bodies, its limit (--http-bodies-mib ", budget.limit() >> 20,
+                   "): retry shortly"));
 }
 
 absl::Status CivetExchange::ReadBody(const HttpBodyLimits& limits, size_t padding, HttpBody* body) {
@@ -146,8 +146,9 @@ absl::Status CivetExchange::ReadBody(const HttpBodyLimits& limits, size_t paddin
   }
   std::string& bytes = body->bytes;
   bytes.clear();
-  const size_t initial = (declared >= 0 ? declared : 64 << 10) + padding;
-  if (!body->Reserve(initial, limits.budget)) return BudgetSpent(*limits.budget, initial);
+  // Room for the declared length at once (address space: pages hold memory once written), the
+  // budget charged as bytes arrive.
+  bytes.reserve((declared >= 0 ? declared : 64 << 10) + padding);
   // civetweb's mg_read returns only once it has all it was asked for: a client that sends a
   // byte at a time would hold a large read far past the deadline. Reads start small, double
   // while they are quick and drop to a byte when one is slow, so the deadline is checked at
@@ -174,9 +175,11 @@ absl::Status CivetExchange::ReadBody(const HttpBodyLimits& limits, size_t paddin
       return TooLarge(
           absl::StrCat("the body is over the limit of ", max_bytes, " bytes (--max-message-mib)"));
     }
+    if (!body->Hold(static_cast<int64_t>(bytes.size()) + n, limits.budget)) {
+      return BudgetSpent(*limits.budget);
+    }
     if (bytes.capacity() < bytes.size() + n + padding) {
-      const size_t more = std::min<size_t>(2 * (bytes.size() + n), max_bytes) + padding;
-      if (!body->Reserve(more, limits.budget)) return BudgetSpent(*limits.budget, more);
+      bytes.reserve(std::min<size_t>(2 * (bytes.size() + n), max_bytes) + padding);
     }
     bytes.append(chunk, n);
     const Clock::time_point now = Clock::now();
@@ -355,7 +358,9 @@ int HttpServer::Handle(mg_connection* connection) {
         /*close=*/true);
     return 400;
   }
-  if (!absl::StartsWith(exchange.path(), "/v2/health/")) {
+  // The probes' two paths need no token (probes send none); every other path does, whether or
+  // not it names an endpoint.
+  if (exchange.path() != "/v2/health/live" && exchange.path() != "/v2/health/ready") {
     if (absl::Status status = self.Authenticate(connection); !status.ok()) {
       self.failures_.Add(
           LogLevel::kInfo, "http UNAUTHENTICATED", "HTTP call refused",

@@ -97,6 +97,8 @@ StreamInferCall::StreamInferCall(Admission* admission, SequenceTable* table, Ope
   }
   StartRead(&request_bytes_);
   streams_->Add(this);
+  // A drain that began before it joined (its EndIdle passed it by) ends it too.
+  if (!admission_->accepting()) EndIfIdle();
 }
 
 void StreamInferCall::EndIfIdle() {
@@ -122,6 +124,8 @@ void StreamInferCall::OnReadDone(bool ok) {
   {
     std::lock_guard lock(mu_);  // the last answer's writes (any thread), before this read's
     reading_ = false;
+    // Finished by a drain while this read was completing: the message is not taken.
+    if (finished_) return;
   }
   if (!ok) {
     End(grpc::Status::OK);
@@ -192,15 +196,19 @@ void StreamInferCall::OnWriteDone(bool ok) {
     End(grpc::Status::OK);
     return;
   }
-  // Draining: the stream ends after its answer (EndIfIdle may have come already, or comes once
-  // reading_ is set; either ends it).
-  if (!admission_->accepting()) {
+  bool draining;
+  {
+    // Draining: the stream ends after its answer. One step with the flag: a drain stops
+    // accepting before its EndIfIdle takes the lock, so either this sees the drain, or
+    // EndIfIdle sees reading_.
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    draining = !admission_->accepting();
+    reading_ = !draining;
+  }
+  if (draining) {
     End(ToGrpcStatus(ShuttingDown()));
     return;
-  }
-  {
-    std::lock_guard lock(mu_);
-    reading_ = true;
   }
   // Within a reaction: a Finish by EndIfIdle meanwhile fails this read, and OnDone waits for
   // the reaction's end.

@@ -25,6 +25,8 @@ DecodeCall::DecodeCall(Admission* admission, OpenStreams* streams)
   }
   StartRead(&request_bytes_);
   streams_->Add(this);
+  // A drain that began before it joined (its EndIdle passed it by) ends it too.
+  if (!admission_->accepting()) EndIfIdle();
 }
 
 void DecodeCall::EndIfIdle() {
@@ -42,6 +44,8 @@ void DecodeCall::OnReadDone(bool ok) {
   {
     std::lock_guard lock(mu_);  // the last answer's writes (any thread), before this read's
     reading_ = false;
+    // Finished by a drain while this read was completing: the message is not taken.
+    if (finished_) return;
   }
   if (!ok) {
     // The client closed its side (the session's normal end) or the stream broke.
@@ -268,14 +272,18 @@ void DecodeCall::OnWriteDone(bool ok) {
 }
 
 void DecodeCall::ReadNext() {
-  // Draining (EndIdle may have come already, or comes once reading_ is set; either ends it).
-  if (!admission_->accepting()) {
+  bool draining;
+  {
+    // One step with the flag: a drain stops accepting before its EndIfIdle takes the lock, so
+    // either this sees the drain, or EndIfIdle sees reading_.
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    draining = !admission_->accepting();
+    reading_ = !draining;
+  }
+  if (draining) {
     End(ToGrpcStatus(ShuttingDown()));
     return;
-  }
-  {
-    std::lock_guard lock(mu_);
-    reading_ = true;
   }
   // Within a reaction (OnWriteDone): a Finish by EndIfIdle meanwhile fails this read, and
   // OnDone waits for the reaction's end.
