@@ -84,16 +84,21 @@ int ConnectLoopback(int port) {
   return fd;
 }
 
-std::string RawExchange(int port, const std::string& bytes, std::chrono::milliseconds timeout,
-                        bool close_write) {
-  const int fd = ConnectLoopback(port);
-  if (fd < 0) return "";
+size_t SendAll(int fd, const std::string& bytes) {
   size_t sent = 0;
   while (sent < bytes.size()) {
     const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
     if (n <= 0) break;
     sent += n;
   }
+  return sent;
+}
+
+std::string RawExchange(int port, const std::string& bytes, std::chrono::milliseconds timeout,
+                        bool close_write) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
+  SendAll(fd, bytes);
   if (close_write) shutdown(fd, SHUT_WR);
   std::string answer;
   const auto give_up = std::chrono::steady_clock::now() + timeout;

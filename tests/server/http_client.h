@@ -32,6 +32,9 @@ HttpReply HttpCall(const std::string& method, const std::string& url, const std:
 // A TCP connection to 127.0.0.1:`port`, or -1.
 int ConnectLoopback(int port);
 
+// Sends all of `bytes` on `fd`; the bytes sent (fewer when the connection broke first).
+size_t SendAll(int fd, const std::string& bytes);
+
 // Sends `bytes` to 127.0.0.1:`port` over a fresh connection, then reads until the server
 // closes it or `timeout` passes; everything it answered. `close_write` half-closes after
 // sending (a client that sent all it ever will).

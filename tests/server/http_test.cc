@@ -774,13 +774,8 @@ TEST_F(HttpLimitsTest, AClientSendingATooLargeBodyWholeGetsIts413) {
   const timeval patience{10, 0};  // an answer that never comes fails the test, not hangs it
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof(patience));
-  size_t sent = 0;
-  while (sent < request.size()) {
-    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += n;
-  }
-  EXPECT_EQ(sent, request.size()) << "the connection was reset while the body was sent";
+  EXPECT_EQ(SendAll(fd, request), request.size())
+      << "the connection was reset while the body was sent";
   std::string answer;
   char buffer[4096];
   for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) answer.append(buffer, n);
@@ -816,19 +811,13 @@ TEST(HttpBodyBudgetTest, BodiesHeldAtOnceAreBoundedAndTheRoomComesBack) {
   ASSERT_GE(declared_only, 0);
   const std::string promise =
       "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n";
-  ASSERT_EQ(send(declared_only, promise.data(), promise.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(promise.size()));
+  ASSERT_EQ(SendAll(declared_only, promise), promise.size());
   const std::string head =
       "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 700000\r\n\r\n";
   const int stalled = ConnectLoopback(port);
   ASSERT_GE(stalled, 0);
   const std::string part = head + std::string(600000, ' ');
-  size_t sent = 0;
-  while (sent < part.size()) {
-    const ssize_t n = send(stalled, part.data() + sent, part.size() - sent, MSG_NOSIGNAL);
-    ASSERT_GT(n, 0);
-    sent += n;
-  }
+  ASSERT_EQ(SendAll(stalled, part), part.size());
   // Another 700 KB body: 503 once the stalled one holds its room (400 before: read, not JSON).
   // Declared alone, the 900 KB hold nothing: else the stalled body would not fit.
   const std::string other = head + std::string(700000, ' ');

@@ -594,6 +594,16 @@ void WaitUntilParked(ComputeExecutor& executor) {
   executor.Remove(&warm);
 }
 
+// Returns once `other` (added to `executor` here) holds the compute thread in its run, until
+// other.Hold(false): work queued meanwhile waits, and nothing runs inline.
+void HoldComputeThread(ComputeExecutor& executor, HandQueue& other) {
+  executor.Add(&other);
+  other.Hold(true);
+  other.SetReady();
+  executor.Notify();
+  ASSERT_TRUE(other.WaitRuns(1));
+}
+
 TEST(ComputeExecutorTest, ARunGoesInlineOnlyWhileTheExecutorIsIdleAndNoOtherQueueIsReady) {
   ComputeExecutor executor(1);
   HandQueue mine, other;
@@ -678,11 +688,7 @@ TEST(SchedulerTest, OnlyASmallCallOnAnIdleExecutorRunsOnItsCallersThread) {
 
   // A small call while another model's run holds the compute thread waits for it there.
   HandQueue other;
-  executor.Add(&other);
-  other.Hold(true);
-  other.SetReady();
-  executor.Notify();
-  ASSERT_TRUE(other.WaitRuns(1));
+  ASSERT_NO_FATAL_FAILURE(HoldComputeThread(executor, other));
   FakeJob beside({1}, 1, 3);
   Queue(scheduler, beside);
   EXPECT_FALSE(beside.Wait(milliseconds(100)).has_value()) << "it ran beside the other run";
@@ -701,11 +707,7 @@ TEST(SchedulerTest, ARunOnACallersThreadTakesOneSmallCallAtMost) {
   Scheduler scheduler("m", Options(4096, milliseconds(0)), &executor, &reporter);
   // Another model's run holds the compute thread: the calls stay queued for the test to run.
   HandQueue other;
-  executor.Add(&other);
-  other.Hold(true);
-  other.SetReady();
-  executor.Notify();
-  ASSERT_TRUE(other.WaitRuns(1));
+  ASSERT_NO_FATAL_FAILURE(HoldComputeThread(executor, other));
   const std::thread::id caller = std::this_thread::get_id();
   FakeJob first({1}, 1, 1), second({1}, 1, 2), larger({16}, 16, 3);
   Queue(scheduler, first);
@@ -1243,11 +1245,7 @@ TEST(DecodeQueueTest, ARunOnACallersThreadLeavesAPromptToTheComputeThread) {
   ASSERT_TRUE(a && b);
   // Another model's run holds the compute thread: the steps stay queued for the test to run.
   HandQueue other;
-  executor.Add(&other);
-  other.Hold(true);
-  other.SetReady();
-  executor.Notify();
-  ASSERT_TRUE(other.WaitRuns(1));
+  ASSERT_NO_FATAL_FAILURE(HoldComputeThread(executor, other));
   auto step = [&](Session& session, int64_t tokens, float* output,
                   std::promise<std::thread::id>& answered) {
     StepArgs args;

@@ -60,12 +60,7 @@ class HttpBody {
       : bytes(std::move(other.bytes)),
         budget_(std::exchange(other.budget_, nullptr)),
         charged_(std::exchange(other.charged_, 0)) {}
-  HttpBody& operator=(HttpBody&& other) noexcept {
-    std::swap(bytes, other.bytes);
-    std::swap(budget_, other.budget_);
-    std::swap(charged_, other.charged_);
-    return *this;
-  }
+  HttpBody& operator=(HttpBody&&) = delete;
   ~HttpBody() {
     if (budget_ != nullptr) budget_->Give(charged_);
   }
