@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
-#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "core/dnnl_context.h"
@@ -17,17 +16,6 @@ bool KvCacheBudget::TryCharge(int64_t bytes) {
     if (bytes > limit_ - used) return false;  // (used <= limit_: never overflows)
   } while (!used_.compare_exchange_weak(used, used + bytes));
   return true;
-}
-
-namespace {
-
-// Blocks start on a cache line, and so does each head's part (head_bytes is a multiple of 64).
-constexpr std::align_val_t kBlockAlignment{64};
-
-}  // namespace
-
-void KvSequence::AlignedDelete::operator()(unsigned char* p) const {
-  ::operator delete[](p, kBlockAlignment);
 }
 
 KvSequence::KvSequence(int64_t width, int64_t head_dim, KvPrecision precision,
@@ -58,6 +46,26 @@ absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more, absl::string
                    " needs ", more, " more"));
 }
 
+namespace {
+
+// The refusal of a block the budget had room for but the pool's region did not: its slabs are
+// held by blocks of other sizes (sessions of models of other widths or cache precisions).
+absl::Status KvPoolFull(const KvCacheBudget& budget, int64_t block_bytes) {
+  const KvBlockPool& pool = budget.pool();
+  if (!pool.reserved()) {
+    return absl::ResourceExhaustedError(
+        "the KV cache has no memory: its address space could not be reserved (--kv-cache-mib)");
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the KV cache is full: its ", pool.region_bytes() >> 20, " MiB are held by ",
+      pool.slab_bytes() >> 20, " MiB of slabs, none with room for a block of ", block_bytes,
+      " bytes (slabs hold blocks of one size: sessions of models of other widths or cache "
+      "precisions hold them); ",
+      budget.used(), " of ", budget.limit(), " bytes are in use (--kv-cache-mib)"));
+}
+
+}  // namespace
+
 int64_t KvSequence::BytesToReserve(int64_t length) const {
   const int64_t needed = (length + kKvBlockTokens - 1) / kKvBlockTokens;
   return std::max<int64_t>(needed - static_cast<int64_t>(blocks_.size()), 0) * block_bytes();
@@ -72,23 +80,34 @@ absl::Status KvSequence::Reserve(int64_t length) {
   const size_t needed = static_cast<size_t>((length + kKvBlockTokens - 1) / kKvBlockTokens);
   if (!budget_->TryCharge(more)) return KvCacheFull(*budget_, more);
   const size_t before = blocks_.size();
-  try {
-    blocks_.reserve(needed);  // so that no block is allocated and then lost to a vector's growth
-    while (blocks_.size() < needed) {
-      blocks_.emplace_back(static_cast<unsigned char*>(
-          ::operator new[](static_cast<size_t>(block_bytes()), kBlockAlignment)));
-    }
-  } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector holds
+  // Blocks start on a cache line (the pool's promise), and so does each head's part
+  // (head_bytes is a multiple of 64).
+  auto undo = [&] {
+    for (size_t b = before; b < blocks_.size(); ++b)
+      budget_->pool().Free(blocks_[b], block_bytes());
     blocks_.resize(before);
     budget_->Release(more);
+  };
+  try {
+    blocks_.reserve(needed);
+  } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector holds
+    undo();
     return absl::ResourceExhaustedError("out of memory for the KV cache");
+  }
+  while (blocks_.size() < needed) {
+    unsigned char* block = budget_->pool().Allocate(block_bytes());
+    if (block == nullptr) {
+      undo();
+      return KvPoolFull(*budget_, block_bytes());
+    }
+    blocks_.push_back(block);
   }
   if (bytes_counter_ != nullptr) bytes_counter_->fetch_add(more);
   return absl::OkStatus();
 }
 
 void KvSequence::Write(int64_t position, const float* key, const float* value) {
-  unsigned char* block = blocks_[position / kKvBlockTokens].get();
+  unsigned char* block = blocks_[position / kKvBlockTokens];
   const int64_t row = position % kKvBlockTokens;
   // Head by head: its keys, then its values, in the layouts head() describes.
   for (int64_t h = 0; h < width_ / head_dim_; ++h) {
@@ -123,6 +142,7 @@ void KvSequence::Shrink() {
 void KvSequence::FreeBlocksFrom(size_t first) {
   if (first >= blocks_.size()) return;
   const int64_t freed = static_cast<int64_t>(blocks_.size() - first) * block_bytes();
+  for (size_t b = first; b < blocks_.size(); ++b) budget_->pool().Free(blocks_[b], block_bytes());
   blocks_.resize(first);
   budget_->Release(freed);
   if (bytes_counter_ != nullptr) bytes_counter_->fetch_sub(freed);

@@ -1,18 +1,18 @@
 #pragma once
 
 // The keys and values a decode session keeps (its KV cache): fixed-size blocks of
-// kKvBlockTokens tokens, allocated as the sequence grows and charged to one byte budget per
-// process, so a session's memory follows its length, not a maximum. A decode step reads every
-// cached key and value once, in place, block by block (Layer::Decode).
+// kKvBlockTokens tokens, taken from one pool per process as the sequence grows and charged to
+// one byte budget, so a session's memory follows its length, not a maximum. A decode step reads
+// every cached key and value once, in place, block by block (Layer::Decode).
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "core/kv_block_pool.h"
 
 namespace attnserve::core {
 
@@ -20,10 +20,11 @@ namespace attnserve::core {
 // block, large enough that a block's rows stream from memory.
 inline constexpr int64_t kKvBlockTokens = 16;
 
-// The bytes every cache of the process may hold together (--kv-cache-mib). Thread safe.
+// The bytes every cache of the process may hold together (--kv-cache-mib), and the pool their
+// blocks come from, spanning that many bytes. Thread safe.
 class KvCacheBudget {
  public:
-  explicit KvCacheBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
+  explicit KvCacheBudget(int64_t limit_bytes) : limit_(limit_bytes), pool_(limit_bytes) {}
 
   // Takes `bytes` from the budget; false (and nothing taken) when they do not fit.
   bool TryCharge(int64_t bytes);
@@ -32,9 +33,13 @@ class KvCacheBudget {
   int64_t used() const { return used_.load(); }
   int64_t limit() const { return limit_; }
 
+  KvBlockPool& pool() { return pool_; }
+  const KvBlockPool& pool() const { return pool_; }
+
  private:
   const int64_t limit_;
   std::atomic<int64_t> used_{0};
+  KvBlockPool pool_;
 };
 
 // The refusal of `more` bytes the budget cannot take for `what` ("this step"), saying what
@@ -95,7 +100,7 @@ class KvSequence {
   // [2], an odd last dimension padded), the values in row pairs ([kKvBlockTokens / 2][head_dim]
   // [2]). One head's part is contiguous (a step reads it as one stream), and starts on a cache
   // line.
-  const void* head(int64_t b, int64_t h) const { return blocks_[b].get() + h * head_bytes(); }
+  const void* head(int64_t b, int64_t h) const { return blocks_[b] + h * head_bytes(); }
   // Bytes of one head's part of a block (keys and values).
   int64_t head_bytes() const;
 
@@ -105,17 +110,13 @@ class KvSequence {
  private:
   void FreeBlocksFrom(size_t first);
 
-  struct AlignedDelete {
-    void operator()(unsigned char* p) const;
-  };
-
   const int64_t width_;
   const int64_t head_dim_;
   const KvPrecision precision_;
   KvCacheBudget* const budget_;
   std::atomic<int64_t>* const bytes_counter_;
   int64_t length_ = 0;
-  std::vector<std::unique_ptr<unsigned char[], AlignedDelete>> blocks_;  // head by head
+  std::vector<unsigned char*> blocks_;  // from budget_'s pool, head by head
 };
 
 }  // namespace attnserve::core

@@ -166,6 +166,11 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         "--kv-cache-mib and --max-sessions must be >= 0, --max-session-tokens positive");
   }
+  constexpr int64_t kMaxKvCacheMib = int64_t{1} << 40;  // (its bytes must fit an int64_t)
+  if (options.kv_cache_mib > kMaxKvCacheMib) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-mib must be at most ",
+                                                   kMaxKvCacheMib, ", got ", options.kv_cache_mib));
+  }
   if (options.kv_cache_precision != "auto" && options.kv_cache_precision != "f32" &&
       options.kv_cache_precision != "bf16") {
     return absl::InvalidArgumentError(absl::StrCat(

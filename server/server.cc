@@ -194,6 +194,11 @@ absl::Status Server::Init(const ServerOptions& options) {
   admin_ = std::make_unique<AdminAuthorizer>(admin_tokens_);
 
   sessions_ = std::make_unique<SessionManager>(session_options);
+  if (!sessions_->budget().pool().reserved()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot reserve ", session_options.kv_cache_bytes >> 20,
+                     " MiB of address space for the KV cache: lower --kv-cache-mib"));
+  }
   metrics_->SetKvCacheLimit(session_options.kv_cache_bytes);
   admission_ = std::make_unique<Admission>(registry_.get(), reporter_.get(), sessions_.get(),
                                            MaxMessageBytes(options));

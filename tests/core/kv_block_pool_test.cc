@@ -1,0 +1,231 @@
+// The pool the KV caches' blocks come from: blocks fill slabs and are reused wherever they were
+// freed, empty slabs go back to the system, and what the caches hold resident stays within the
+// budget however sessions come and go.
+
+#include "core/kv_block_pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "core/kv_cache.h"
+#include "gtest/gtest.h"
+
+namespace attnserve::core {
+namespace {
+
+// Built with a sanitizer whose shadow memory follows what the process touches.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+const int64_t kPage = sysconf(_SC_PAGESIZE);
+
+// Pages of [p, p + bytes) resident now (p page-aligned).
+int64_t ResidentPages(const unsigned char* p, int64_t bytes) {
+  std::vector<unsigned char> pages(static_cast<size_t>((bytes + kPage - 1) / kPage));
+  if (mincore(const_cast<unsigned char*>(p), static_cast<size_t>(bytes), pages.data()) != 0) {
+    ADD_FAILURE() << "mincore: " << std::strerror(errno);
+    return -1;
+  }
+  int64_t resident = 0;
+  for (unsigned char page : pages) resident += page & 1;
+  return resident;
+}
+
+// Resident memory of this process, in bytes.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * kPage;
+}
+
+// 96 KiB: a block of a 768-wide f32 layer (2 * 16 tokens * 768 * 4 bytes).
+constexpr int64_t kBlock = 2 * kKvBlockTokens * 768 * 4;
+constexpr int64_t kPerSlab = kKvSlabBytes / kBlock;  // 21
+
+TEST(KvBlockPoolTest, BlocksFillOneSlabAtATimeAndFreedOnesAreReusedFirst) {
+  KvBlockPool pool(64 << 20);
+  ASSERT_TRUE(pool.reserved());
+  std::vector<unsigned char*> blocks;
+  std::set<const unsigned char*> slabs;
+  for (int64_t i = 0; i < 2 * kPerSlab + 1; ++i) {
+    unsigned char* block = pool.Allocate(kBlock);
+    ASSERT_NE(block, nullptr) << i;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(block) % 64, 0u);
+    std::memset(block, static_cast<int>(i), kBlock);  // writable, whole
+    slabs.insert(reinterpret_cast<const unsigned char*>(reinterpret_cast<uintptr_t>(block) /
+                                                        kKvSlabBytes * kKvSlabBytes));
+    blocks.push_back(block);
+  }
+  EXPECT_EQ(slabs.size(), 3u);
+  EXPECT_EQ(pool.slab_bytes(), 3 * kKvSlabBytes);
+  // No two blocks overlap, and none was disturbed by another's writes.
+  std::set<unsigned char*> distinct(blocks.begin(), blocks.end());
+  EXPECT_EQ(distinct.size(), blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_EQ(blocks[i][0], static_cast<unsigned char>(i));
+    EXPECT_EQ(blocks[i][kBlock - 1], static_cast<unsigned char>(i));
+  }
+  // A block freed in the first slab is the next one handed out, before the third slab's room.
+  pool.Free(blocks[5], kBlock);
+  EXPECT_EQ(pool.Allocate(kBlock), blocks[5]);
+  for (unsigned char* block : blocks) pool.Free(block, kBlock);
+}
+
+// An empty slab's pages go back to the system at once, except the last room of its size (a
+// sequence stepping back and forth over a block's edge does not fault a slab in each time).
+TEST(KvBlockPoolTest, AnEmptySlabGoesBackToTheSystemButItsSizesLastRoomStays) {
+  KvBlockPool pool(64 << 20);
+  std::vector<unsigned char*> blocks;
+  for (int64_t i = 0; i < 3 * kPerSlab; ++i) {
+    blocks.push_back(pool.Allocate(kBlock));
+    ASSERT_NE(blocks.back(), nullptr);
+    std::memset(blocks.back(), 1, kBlock);
+  }
+  const unsigned char* first_slab = blocks.front();
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(first_slab) % kKvSlabBytes, 0u);
+  EXPECT_GE(ResidentPages(first_slab, 3 * kKvSlabBytes), 3 * kPerSlab * kBlock / kPage);
+  for (unsigned char* block : blocks) pool.Free(block, kBlock);
+  EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
+  // The first slab to empty stayed, resident, as its size's room; the two after it went back.
+  const int64_t resident = ResidentPages(first_slab, 3 * kKvSlabBytes);
+  EXPECT_LE(resident, kKvSlabBytes / kPage);
+  EXPECT_GE(resident, kPerSlab * kBlock / kPage);
+  unsigned char* next = pool.Allocate(kBlock);
+  ASSERT_NE(next, nullptr);
+  EXPECT_LT(next, blocks[kPerSlab]);  // from the slab kept
+  EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
+  pool.Free(next, kBlock);
+}
+
+// Blocks freed by one thread serve another's next allocations (malloc kept them in the arena
+// of the thread that had taken them).
+TEST(KvBlockPoolTest, BlocksFreedOnOneThreadServeAnyThreadsNextAllocation) {
+  KvBlockPool pool(64 << 20);
+  std::vector<unsigned char*> first;
+  std::thread([&] {
+    for (int64_t i = 0; i < 2 * kPerSlab; ++i) first.push_back(pool.Allocate(kBlock));
+  }).join();
+  std::thread([&] {
+    for (unsigned char* block : first) pool.Free(block, kBlock);
+  }).join();
+  std::vector<unsigned char*> second;
+  std::thread([&] {
+    for (int64_t i = 0; i < 2 * kPerSlab; ++i) second.push_back(pool.Allocate(kBlock));
+  }).join();
+  EXPECT_EQ(std::set<unsigned char*>(first.begin(), first.end()),
+            std::set<unsigned char*>(second.begin(), second.end()));
+  EXPECT_EQ(pool.slab_bytes(), 2 * kKvSlabBytes);
+  for (unsigned char* block : second) pool.Free(block, kBlock);
+}
+
+// A block larger than a slab takes adjacent slabs, and they serve other sizes once it is freed.
+TEST(KvBlockPoolTest, ABlockLargerThanASlabTakesAdjacentSlabs) {
+  KvBlockPool pool(16 << 20);
+  const int64_t big = kKvSlabBytes + 64 * 1024;
+  unsigned char* small = pool.Allocate(kBlock);  // the first slab, kept as its size's room
+  unsigned char* a = pool.Allocate(big);
+  unsigned char* b = pool.Allocate(big);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b - a, 2 * kKvSlabBytes);
+  std::memset(a, 1, big);
+  std::memset(b, 2, big);
+  EXPECT_EQ(a[big - 1], 1);
+  EXPECT_EQ(pool.slab_bytes(), 5 * kKvSlabBytes);
+  pool.Free(a, big);
+  pool.Free(b, big);  // both spans empty; the first stays as its size's room
+  EXPECT_EQ(pool.slab_bytes(), 3 * kKvSlabBytes);
+  pool.Free(small, kBlock);
+  unsigned char* again = pool.Allocate(big);
+  EXPECT_EQ(again, a);
+  pool.Free(again, big);
+}
+
+// When every slab is held by blocks of one size, a block of another size is refused though the
+// budget has room, and a sequence that wanted it says why and keeps what it had.
+TEST(KvBlockPoolTest, ARegionHeldByOneSizeRefusesAnotherAndTheSequenceSaysWhy) {
+  KvCacheBudget budget(4 << 20);  // two slabs, and the spare ones
+  const int64_t slabs = budget.pool().region_bytes() / kKvSlabBytes;
+  for (int64_t i = 0; i < slabs * kPerSlab; ++i) {  // (left to the pool's end to free)
+    ASSERT_NE(budget.pool().Allocate(kBlock), nullptr) << i;
+  }
+  EXPECT_EQ(budget.pool().Allocate(kBlock), nullptr);
+  EXPECT_EQ(budget.pool().slab_bytes(), budget.pool().region_bytes());
+  std::atomic<int64_t> bytes{0};
+  KvSequence other(64, 64, KvPrecision::kF32, &budget, &bytes);  // 8 KiB blocks
+  const absl::Status refused = other.Reserve(1);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("none with room for a block of 8192 bytes"),
+            absl::string_view::npos)
+      << refused;
+  EXPECT_EQ(budget.used(), 0);
+  EXPECT_EQ(bytes.load(), 0);
+  EXPECT_EQ(other.blocks(), 0);
+}
+
+// Sessions filling the budget from several threads and ending on others, four times over: the
+// caches never hold more than the budget (and a slab) resident, and give it all back.
+TEST(KvBlockPoolTest, FillingAndEmptyingTheBudgetFromManyThreadsStaysWithinIt) {
+  constexpr int64_t kBudget = int64_t{96} << 20;
+  KvCacheBudget budget(kBudget);
+  const int64_t before = ResidentBytes();
+  int64_t most = 0;
+  for (int round = 0; round < 4; ++round) {
+    std::vector<std::unique_ptr<KvSequence>> sequences[4];
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<float> row(768, 1.0f);
+        // Sequences of different lengths, grown a block at a time, until the budget is spent.
+        for (int64_t n = 0;; ++n) {
+          auto seq = std::make_unique<KvSequence>(768, 64, KvPrecision::kF32, &budget);
+          const int64_t length = kKvBlockTokens * (1 + (n + t + round) % 7);
+          bool full = false;
+          for (int64_t p = 0; p < length && !full; ++p) {
+            full = !seq->Reserve(p + 1).ok();
+            if (!full) seq->Write(p, row.data(), row.data());
+          }
+          sequences[t].push_back(std::move(seq));
+          if (full) return;
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    EXPECT_GT(budget.used(), kBudget - 4 * kBlock);
+    EXPECT_LE(budget.pool().slab_bytes(), kBudget + kKvSlabBytes);
+    most = std::max(most, ResidentBytes() - before);
+    threads.clear();
+    for (int t = 0; t < 4; ++t) {  // each thread ends another's sequences
+      threads.emplace_back([&, t] { sequences[(t + 1) % 4].clear(); });
+    }
+    for (auto& thread : threads) thread.join();
+    EXPECT_EQ(budget.used(), 0);
+    EXPECT_EQ(budget.pool().slab_bytes(), kKvSlabBytes);
+  }
+  if (!kSanitized) {  // (a sanitizer's shadow memory follows what the caches touch)
+    EXPECT_LT(most, kBudget + (int64_t{16} << 20)) << "resident memory passed the budget";
+    EXPECT_LT(ResidentBytes() - before, int64_t{8} << 20) << "memory was not given back";
+  }
+}
+
+}  // namespace
+}  // namespace attnserve::core
