@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -193,9 +196,25 @@ absl::StatusOr<RepositoryModelConfig> ParseRepositoryModelConfig(absl::string_vi
   if (NestedTooDeep(json)) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": nested deeper than a config can be"));
   }
-  Json root = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+  // A key given twice in one object is an error (JSON leaves it open; the last would win, and a
+  // setting written twice, one of them forgotten, would be read silently as the other).
+  std::vector<std::set<std::string>> open_objects;
+  std::string twice;
+  auto note_keys = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
+    if (event == Json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
+    if (event == Json::parse_event_t::key && !open_objects.empty() &&
+        !open_objects.back().insert(parsed.get<std::string>()).second && twice.empty()) {
+      twice = parsed.get<std::string>();
+    }
+    return true;
+  };
+  Json root = Json::parse(json.begin(), json.end(), note_keys, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": not a JSON object"));
+  }
+  if (!twice.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": key '", twice, "' given twice"));
   }
   if (absl::Status s = OnlyKeys(
           root, {"num_heads", "prefix", "precision", "version_policy", "max_queue"}, file, "");

@@ -264,6 +264,18 @@ TEST(RepositoryConfigTest, TheSchemaAndItsErrors) {
               absl::StatusCode::kInvalidArgument)
         << bad;
   }
+  // A key given twice, at any level, is refused, naming it (the last one would win silently).
+  for (const char* bad :
+       {R"({"num_heads": 4, "num_heads": 2})",
+        R"({"version_policy": {"latest": {"num_versions": 1, "num_versions": 2}}})"}) {
+    const absl::Status status = ParseRepositoryModelConfig(bad, "c.json").status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(status.message(), "given twice")) << status;
+  }
+  // The same key in two objects is two keys: this one fails on the schema, not as a key twice.
+  const absl::Status two_objects =
+      ParseRepositoryModelConfig(R"({"a": {"x": 1}, "b": {"x": 2}})", "c.json").status();
+  EXPECT_TRUE(absl::StrContains(two_objects.message(), "unknown key 'a'")) << two_objects;
 }
 
 // A model directory that cannot be read now is an error, not a model without versions (which a
