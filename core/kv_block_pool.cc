@@ -2,10 +2,14 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
+#include <new>
 
-// AddressSanitizer cannot see inside the region: freed blocks are poisoned by hand, so that a
-// step reading past its sequence's blocks into a free one is still reported.
+// AddressSanitizer cannot see inside the region: blocks are poisoned by hand while free, and
+// each is followed by a poisoned gap (as malloc's redzones), so that a step reading past its
+// own blocks, into a free one or a neighbour's, is still reported.
 #if defined(__SANITIZE_ADDRESS__)
 #define ATTNSERVE_ASAN 1
 #elif defined(__has_feature)
@@ -26,14 +30,30 @@ namespace attnserve::core {
 
 namespace {
 
-// Slabs beyond the budget's own: a size's partly used last slab, for a few sizes at once.
+#ifdef ATTNSERVE_ASAN
+constexpr int64_t kRedzone = 64;
+#else
+constexpr int64_t kRedzone = 0;
+#endif
+
+// Slabs beyond twice the capacity: a partly used last slab for each of a few sizes at once.
 constexpr int64_t kSpareSlabs = 8;
+
+// Bytes from one block's start to the next's.
+int64_t Stride(int64_t bytes) { return bytes + kRedzone; }
+// Slabs one slab of `bytes` blocks takes, and the blocks it holds.
+int64_t SpanOf(int64_t bytes) { return (Stride(bytes) + kKvSlabBytes - 1) / kKvSlabBytes; }
+int64_t BlocksPerSlab(int64_t bytes) {
+  return SpanOf(bytes) == 1 ? kKvSlabBytes / Stride(bytes) : 1;
+}
 
 }  // namespace
 
 KvBlockPool::KvBlockPool(int64_t capacity_bytes) {
   if (capacity_bytes < 0) capacity_bytes = 0;
-  const int64_t slabs = capacity_bytes / kKvSlabBytes + 1 + kSpareSlabs;
+  // (A capacity so large that twice it overflows cannot be reserved anyway.)
+  if (capacity_bytes > (int64_t{1} << 61)) return;
+  const int64_t slabs = 2 * (capacity_bytes / kKvSlabBytes + 1) + kSpareSlabs;
   // Address space only (PROT_NONE commits nothing), one slab more to align the base; slabs
   // become readable and writable as the high-water mark passes them.
   const int64_t bytes = (slabs + 1) * kKvSlabBytes;
@@ -59,6 +79,30 @@ int64_t KvBlockPool::slab_bytes() const {
   return taken_ * kKvSlabBytes;
 }
 
+void KvBlockPool::SetRoom(Room& room, int64_t slab) {
+  uint64_t& word = room.bits[slab / 64];
+  const uint64_t bit = uint64_t{1} << (slab % 64);
+  if (word & bit) return;
+  word |= bit;
+  ++room.count;
+  room.lowest_word = std::min(room.lowest_word, slab / 64);
+}
+
+void KvBlockPool::ClearRoom(Room& room, int64_t slab) {
+  uint64_t& word = room.bits[slab / 64];
+  const uint64_t bit = uint64_t{1} << (slab % 64);
+  if (!(word & bit)) return;
+  word &= ~bit;
+  --room.count;
+}
+
+int64_t KvBlockPool::LowestRoom(Room& room) {
+  if (room.count == 0) return -1;
+  const auto words = static_cast<int64_t>(room.bits.size());
+  while (room.lowest_word < words && room.bits[room.lowest_word] == 0) ++room.lowest_word;
+  return room.lowest_word * 64 + std::countr_zero(room.bits[room.lowest_word]);
+}
+
 int64_t KvBlockPool::TakeSlabs(int64_t span) {
   const auto high = static_cast<int64_t>(slabs_.size());
   int64_t first = -1;
@@ -76,11 +120,12 @@ int64_t KvBlockPool::TakeSlabs(int64_t span) {
     free_below_high_ -= span;
   } else {
     if (span > slabs_total_ - high) return -1;
+    slabs_.resize(static_cast<size_t>(high + span));  // (may throw: nothing else changed yet)
     if (mprotect(SlabAddress(high), static_cast<size_t>(span * kKvSlabBytes),
                  PROT_READ | PROT_WRITE) != 0) {
+      slabs_.resize(static_cast<size_t>(high));
       return -1;
     }
-    slabs_.resize(static_cast<size_t>(high + span));
     first = high;
   }
   for (int64_t i = first; i < first + span; ++i) slabs_[i].taken = true;
@@ -97,48 +142,84 @@ void KvBlockPool::ReturnSlabs(int64_t first) {
   taken_ -= span;
 }
 
-unsigned char* KvBlockPool::Allocate(int64_t bytes) {
-  if (base_ == nullptr || bytes <= 0 || bytes % 64 != 0) return nullptr;
+bool KvBlockPool::ReturnKeptSlabs(int64_t keep) {
+  bool returned = false;
+  for (auto& [bytes, room] : room_) {
+    if (bytes == keep || room.count != 1) continue;
+    const int64_t slab = LowestRoom(room);
+    if (slabs_[slab].live != 0) continue;
+    ClearRoom(room, slab);
+    ReturnSlabs(slab);
+    returned = true;
+  }
+  return returned;
+}
+
+unsigned char* KvBlockPool::Allocate(int64_t bytes) noexcept {
+  if (base_ == nullptr || bytes <= 0 || bytes % 64 != 0 || SpanOf(bytes) > slabs_total_) {
+    return nullptr;
+  }
   std::lock_guard lock(mu_);
-  std::set<int64_t>& room = room_[bytes];
-  if (room.empty()) {
-    const int64_t span = (bytes + kKvSlabBytes - 1) / kKvSlabBytes;
-    const int64_t first = TakeSlabs(span);
+  try {
+    return AllocateLocked(bytes);
+  } catch (const std::bad_alloc&) {  // the bookkeeping's, before anything changed
+    return nullptr;
+  }
+}
+
+unsigned char* KvBlockPool::AllocateLocked(int64_t bytes) {
+  auto [it, added] = room_.try_emplace(bytes);
+  Room& room = it->second;
+  if (added) {
+    try {
+      room.bits.assign(static_cast<size_t>((slabs_total_ + 63) / 64), 0);
+    } catch (...) {
+      room_.erase(it);
+      throw;
+    }
+  }
+  if (room.count == 0) {
+    const int64_t span = SpanOf(bytes);
+    const int64_t blocks = BlocksPerSlab(bytes);
+    std::vector<int32_t> free(static_cast<size_t>(blocks));
+    for (int64_t b = 0; b < blocks; ++b) free[b] = static_cast<int32_t>(blocks - 1 - b);
+    int64_t first = TakeSlabs(span);
+    // The region is held: the empty slabs other sizes keep go back, and it looks again.
+    if (first < 0 && ReturnKeptSlabs(bytes)) first = TakeSlabs(span);
     if (first < 0) return nullptr;
     Slab& slab = slabs_[first];
     slab.span = span;
-    const int64_t blocks = span == 1 ? kKvSlabBytes / bytes : 1;
-    slab.free.resize(static_cast<size_t>(blocks));
-    for (int64_t b = 0; b < blocks; ++b) slab.free[b] = static_cast<int32_t>(blocks - 1 - b);
+    slab.free = std::move(free);
     POISON(SlabAddress(first), span * kKvSlabBytes);
-    room.insert(first);
+    SetRoom(room, first);
   }
-  const int64_t first = *room.begin();
+  const int64_t first = LowestRoom(room);
   Slab& slab = slabs_[first];
   const int32_t index = slab.free.back();
   slab.free.pop_back();
   ++slab.live;
-  if (slab.free.empty()) room.erase(room.begin());
-  unsigned char* block = SlabAddress(first) + index * bytes;
+  if (slab.free.empty()) ClearRoom(room, first);
+  unsigned char* block = SlabAddress(first) + index * Stride(bytes);
   UNPOISON(block, bytes);
   return block;
 }
 
-void KvBlockPool::Free(unsigned char* block, int64_t bytes) {
+void KvBlockPool::Free(unsigned char* block, int64_t bytes) noexcept {
   if (block == nullptr) return;
   std::lock_guard lock(mu_);
   const int64_t offset = block - base_;
   const int64_t first = offset / kKvSlabBytes;
   Slab& slab = slabs_[first];
-  slab.free.push_back(static_cast<int32_t>((offset - first * kKvSlabBytes) / bytes));
+  slab.free.push_back(static_cast<int32_t>((offset - first * kKvSlabBytes) / Stride(bytes)));
   --slab.live;
   POISON(block, bytes);
-  std::set<int64_t>& room = room_[bytes];
-  room.insert(first);
+  Room& room = room_.find(bytes)->second;
+  SetRoom(room, first);
   // An empty slab goes back unless it is its size's only room: a sequence that steps back and
-  // forth over a block's edge does not take and return a slab each time.
-  if (slab.live == 0 && room.size() > 1) {
-    room.erase(first);
+  // forth over a block's edge does not take and return a slab each time. (What a size keeps goes
+  // to another that finds the region held.)
+  if (slab.live == 0 && room.count > 1) {
+    ClearRoom(room, first);
     ReturnSlabs(first);
   }
 }

@@ -48,18 +48,23 @@ absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more, absl::string
 
 namespace {
 
-// The refusal of a block the budget had room for but the pool's region did not: its slabs are
-// held by blocks of other sizes (sessions of models of other widths or cache precisions).
+// The refusal of a block the budget had room for but the pool could not give: its region's
+// slabs are held by blocks of other sizes (sessions of models of other widths or cache
+// precisions), or the system refused memory.
 absl::Status KvPoolFull(const KvCacheBudget& budget, int64_t block_bytes) {
   const KvBlockPool& pool = budget.pool();
   if (!pool.reserved()) {
     return absl::ResourceExhaustedError(
         "the KV cache has no memory: its address space could not be reserved (--kv-cache-mib)");
   }
+  if (pool.slab_bytes() + block_bytes + kKvSlabBytes <= pool.region_bytes()) {
+    return absl::ResourceExhaustedError(
+        "out of memory for the KV cache: the system refused a slab");
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the KV cache is full: its ", pool.region_bytes() >> 20, " MiB are held by ",
-      pool.slab_bytes() >> 20, " MiB of slabs, none with room for a block of ", block_bytes,
-      " bytes (slabs hold blocks of one size: sessions of models of other widths or cache "
+      "the KV cache is full: its slabs (", pool.region_bytes() >> 20,
+      " MiB) are held by blocks of other sizes, none with room for a block of ", block_bytes,
+      " bytes (a slab holds blocks of one size: sessions of models of other widths or cache "
       "precisions hold them); ",
       budget.used(), " of ", budget.limit(), " bytes are in use (--kv-cache-mib)"));
 }

@@ -72,7 +72,8 @@ class KvSequence {
   int64_t bytes() const;
 
   // Makes room for `length` tokens, allocating blocks; ResourceExhausted naming the budget
-  // when they do not fit, and then nothing changes.
+  // (or saying why its pool could not give them) when they do not fit, and then nothing
+  // changes.
   absl::Status Reserve(int64_t length);
   // The bytes Reserve(length) would take (0 when the room is there); length >= 0.
   int64_t BytesToReserve(int64_t length) const;

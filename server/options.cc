@@ -1,5 +1,6 @@
 #include "server/options.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -226,6 +227,14 @@ SessionOptions MakeSessionOptions(const ServerOptions& options) {
   SessionOptions sessions;
   sessions.kv_cache_bytes =
       options.kv_cache_mib > 0 ? options.kv_cache_mib << 20 : MemoryLimitBytes() / 4;
+  // The cache's pool reserves twice its budget of address space: under a limit on that
+  // (ulimit -v), the default takes an eighth of it at most.
+  rlimit address_space{};
+  if (options.kv_cache_mib == 0 && getrlimit(RLIMIT_AS, &address_space) == 0 &&
+      address_space.rlim_cur != RLIM_INFINITY) {
+    sessions.kv_cache_bytes = std::min<int64_t>(sessions.kv_cache_bytes,
+                                                static_cast<int64_t>(address_space.rlim_cur / 8));
+  }
   sessions.max_sessions = options.max_sessions;
   sessions.max_session_tokens = options.max_session_tokens;
   if (options.kv_cache_precision == "f32") sessions.precision = core::KvPrecision::kF32;

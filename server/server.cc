@@ -180,6 +180,13 @@ absl::Status Server::Init(const ServerOptions& options) {
                                          .scheduler = scheduler_options,
                                          .decode_chunk_tokens = session_options.chunk_tokens,
                                          .compute_threads = options.compute_threads};
+  // Before the models load: a cache that cannot have its address space stops the start at once.
+  sessions_ = std::make_unique<SessionManager>(session_options);
+  if (!sessions_->budget().pool().reserved()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot reserve address space for a KV cache of ",
+                     session_options.kv_cache_bytes >> 20, " MiB: lower --kv-cache-mib"));
+  }
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
       ModelRegistry::Load(registry_options, reporter_.get());
   if (!registry.ok()) return registry.status();
@@ -193,12 +200,6 @@ absl::Status Server::Init(const ServerOptions& options) {
   }
   admin_ = std::make_unique<AdminAuthorizer>(admin_tokens_);
 
-  sessions_ = std::make_unique<SessionManager>(session_options);
-  if (!sessions_->budget().pool().reserved()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot reserve ", session_options.kv_cache_bytes >> 20,
-                     " MiB of address space for the KV cache: lower --kv-cache-mib"));
-  }
   metrics_->SetKvCacheLimit(session_options.kv_cache_bytes);
   admission_ = std::make_unique<Admission>(registry_.get(), reporter_.get(), sessions_.get(),
                                            MaxMessageBytes(options));

@@ -2,6 +2,10 @@
 
 #include "server/options.h"
 
+#include <sys/resource.h>
+
+#include <cstdint>
+
 #include "gtest/gtest.h"
 #include "server/frontends/grpc_status.h"
 
@@ -79,6 +83,35 @@ TEST(CheckOptionsTest, MetricsListenIsHostPortOrOff) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(status.message().find("--metrics-listen"), std::string::npos) << status;
   }
+}
+
+// The KV cache's pool reserves twice its budget of address space: under ulimit -v, the default
+// budget takes an eighth of the limit at most, and an explicit one is left as given.
+TEST(MakeSessionOptionsTest, TheDefaultKvCacheFitsAnAddressSpaceLimit) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's own mappings pass any such limit";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "a sanitizer's own mappings pass any such limit";
+#endif
+#endif
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
+  constexpr int64_t kLimit = int64_t{1} << 33;  // 8 GiB (far above what this process maps)
+  if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < static_cast<rlim_t>(kLimit)) {
+    GTEST_SKIP() << "this process's own address space limit is lower";
+  }
+  rlimit tight = old;
+  tight.rlim_cur = kLimit;
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &tight), 0);
+  ServerOptions options;
+  const int64_t by_default = MakeSessionOptions(options).kv_cache_bytes;
+  options.kv_cache_mib = 4096;
+  const int64_t explicit_budget = MakeSessionOptions(options).kv_cache_bytes;
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &old), 0);
+  EXPECT_GT(by_default, 0);
+  EXPECT_LE(by_default, kLimit / 8);
+  EXPECT_EQ(explicit_budget, int64_t{4096} << 20);
 }
 
 TEST(GrpcStatusTest, SameCodeAndMessage) {
