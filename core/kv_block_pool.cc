@@ -124,7 +124,7 @@ int64_t KvBlockPool::TakeSlabs(int64_t span) {
     if (mprotect(SlabAddress(high), static_cast<size_t>(span * kKvSlabBytes),
                  PROT_READ | PROT_WRITE) != 0) {
       slabs_.resize(static_cast<size_t>(high));
-      return -1;
+      return -2;
     }
     first = high;
   }
@@ -142,32 +142,44 @@ void KvBlockPool::ReturnSlabs(int64_t first) {
   taken_ -= span;
 }
 
+void KvBlockPool::ReturnKept(Room& room) {
+  if (room.kept < 0) return;
+  ClearRoom(room, room.kept);
+  ReturnSlabs(room.kept);
+  room.kept = -1;
+}
+
 bool KvBlockPool::ReturnKeptSlabs(int64_t keep) {
   bool returned = false;
   for (auto& [bytes, room] : room_) {
-    if (bytes == keep || room.count != 1) continue;
-    const int64_t slab = LowestRoom(room);
-    if (slabs_[slab].live != 0) continue;
-    ClearRoom(room, slab);
-    ReturnSlabs(slab);
+    if (bytes == keep || room.kept < 0) continue;
+    ReturnKept(room);
     returned = true;
   }
   return returned;
 }
 
-unsigned char* KvBlockPool::Allocate(int64_t bytes) noexcept {
-  if (base_ == nullptr || bytes <= 0 || bytes % 64 != 0 || SpanOf(bytes) > slabs_total_) {
+unsigned char* KvBlockPool::Allocate(int64_t bytes, Refusal* why) noexcept {
+  Refusal ignored;
+  if (why == nullptr) why = &ignored;
+  *why = Refusal::kNoMemory;
+  if (base_ == nullptr || bytes <= 0 || bytes % 64 != 0) return nullptr;
+  if (SpanOf(bytes) > slabs_total_) {
+    *why = Refusal::kRegionHeld;
     return nullptr;
   }
   std::lock_guard lock(mu_);
   try {
-    return AllocateLocked(bytes);
-  } catch (const std::bad_alloc&) {  // the bookkeeping's, before anything changed
+    return AllocateLocked(bytes, why);
+  } catch (const std::bad_alloc&) {  // the bookkeeping's (state stays whole: see there)
+    *why = Refusal::kNoMemory;
     return nullptr;
   }
 }
 
-unsigned char* KvBlockPool::AllocateLocked(int64_t bytes) {
+unsigned char* KvBlockPool::AllocateLocked(int64_t bytes, Refusal* why) {
+  // Whatever allocates comes before anything changes, but for a retry's TakeSlabs after
+  // ReturnKeptSlabs (which leaves a whole state: slabs returned).
   auto [it, added] = room_.try_emplace(bytes);
   Room& room = it->second;
   if (added) {
@@ -185,8 +197,11 @@ unsigned char* KvBlockPool::AllocateLocked(int64_t bytes) {
     for (int64_t b = 0; b < blocks; ++b) free[b] = static_cast<int32_t>(blocks - 1 - b);
     int64_t first = TakeSlabs(span);
     // The region is held: the empty slabs other sizes keep go back, and it looks again.
-    if (first < 0 && ReturnKeptSlabs(bytes)) first = TakeSlabs(span);
-    if (first < 0) return nullptr;
+    if (first == -1 && ReturnKeptSlabs(bytes)) first = TakeSlabs(span);
+    if (first < 0) {
+      *why = first == -1 ? Refusal::kRegionHeld : Refusal::kNoMemory;
+      return nullptr;
+    }
     Slab& slab = slabs_[first];
     slab.span = span;
     slab.free = std::move(free);
@@ -194,6 +209,7 @@ unsigned char* KvBlockPool::AllocateLocked(int64_t bytes) {
     SetRoom(room, first);
   }
   const int64_t first = LowestRoom(room);
+  if (first == room.kept) room.kept = -1;
   Slab& slab = slabs_[first];
   const int32_t index = slab.free.back();
   slab.free.pop_back();
@@ -215,13 +231,17 @@ void KvBlockPool::Free(unsigned char* block, int64_t bytes) noexcept {
   POISON(block, bytes);
   Room& room = room_.find(bytes)->second;
   SetRoom(room, first);
-  // An empty slab goes back unless it is its size's only room: a sequence that steps back and
-  // forth over a block's edge does not take and return a slab each time. (What a size keeps goes
-  // to another that finds the region held.)
-  if (slab.live == 0 && room.count > 1) {
-    ClearRoom(room, first);
-    ReturnSlabs(first);
+  // An empty slab goes back, unless it is its size's only room (then kept); and a slab kept
+  // goes back once another has room.
+  if (slab.live == 0) {
+    if (room.count > 1) {
+      ClearRoom(room, first);
+      ReturnSlabs(first);
+    } else {
+      room.kept = first;
+    }
   }
+  if (room.kept >= 0 && room.kept != first && room.count > 1) ReturnKept(room);
 }
 
 }  // namespace attnserve::core

@@ -32,10 +32,15 @@ class KvBlockPool {
 
   bool reserved() const { return base_ != nullptr; }
 
+  // Why Allocate gave no block.
+  enum class Refusal {
+    kRegionHeld,  // every slab is held by blocks of other sizes (or too scattered for a span)
+    kNoMemory,    // the system refused memory (or the pool has no region)
+  };
+
   // A block of `bytes` (> 0, a multiple of 64), starting on a cache line; null when no slab can
-  // take it (the region is held by blocks of other sizes, or the system refused memory). Thread
-  // safe; never throws.
-  unsigned char* Allocate(int64_t bytes) noexcept;
+  // take it, and then `*why` (when given) says why. Thread safe; never throws.
+  unsigned char* Allocate(int64_t bytes, Refusal* why = nullptr) noexcept;
   // Returns a block Allocate(bytes) gave. Thread safe; never allocates.
   void Free(unsigned char* block, int64_t bytes) noexcept;
 
@@ -61,12 +66,19 @@ class KvBlockPool {
     std::vector<uint64_t> bits;
     int64_t lowest_word = 0;  // no bit is set below it
     int64_t count = 0;        // bits set
+    // An empty slab kept as the size's only room (-1: none): a sequence that steps back and
+    // forth over a block's edge does not take and return a slab each time. It goes back once
+    // another slab has room, or another size finds the region held.
+    int64_t kept = -1;
   };
 
-  unsigned char* AllocateLocked(int64_t bytes);
-  // The first of `span` adjacent free slabs, now taken, or -1.
+  unsigned char* AllocateLocked(int64_t bytes, Refusal* why);
+  // The first of `span` adjacent free slabs, now taken; -1 when the region has none, -2 when
+  // the system refused their memory.
   int64_t TakeSlabs(int64_t span);
   void ReturnSlabs(int64_t first);
+  // Returns the slab `room` keeps, if any.
+  void ReturnKept(Room& room);
   // Returns the empty slab each block size keeps (other than `keep`'s); whether it did any.
   bool ReturnKeptSlabs(int64_t keep);
   static void SetRoom(Room& room, int64_t slab);

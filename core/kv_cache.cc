@@ -48,16 +48,15 @@ absl::Status KvCacheFull(const KvCacheBudget& budget, int64_t more, absl::string
 
 namespace {
 
-// The refusal of a block the budget had room for but the pool could not give: its region's
-// slabs are held by blocks of other sizes (sessions of models of other widths or cache
-// precisions), or the system refused memory.
-absl::Status KvPoolFull(const KvCacheBudget& budget, int64_t block_bytes) {
+// The refusal of a block the budget had room for but the pool could not give (`why`).
+absl::Status KvPoolFull(const KvCacheBudget& budget, int64_t block_bytes,
+                        KvBlockPool::Refusal why) {
   const KvBlockPool& pool = budget.pool();
   if (!pool.reserved()) {
     return absl::ResourceExhaustedError(
         "the KV cache has no memory: its address space could not be reserved (--kv-cache-mib)");
   }
-  if (pool.slab_bytes() + block_bytes + kKvSlabBytes <= pool.region_bytes()) {
+  if (why == KvBlockPool::Refusal::kNoMemory) {
     return absl::ResourceExhaustedError(
         "out of memory for the KV cache: the system refused a slab");
   }
@@ -100,10 +99,11 @@ absl::Status KvSequence::Reserve(int64_t length) {
     return absl::ResourceExhaustedError("out of memory for the KV cache");
   }
   while (blocks_.size() < needed) {
-    unsigned char* block = budget_->pool().Allocate(block_bytes());
+    KvBlockPool::Refusal why;
+    unsigned char* block = budget_->pool().Allocate(block_bytes(), &why);
     if (block == nullptr) {
       undo();
-      return KvPoolFull(*budget_, block_bytes());
+      return KvPoolFull(*budget_, block_bytes(), why);
     }
     blocks_.push_back(block);
   }

@@ -86,15 +86,31 @@ TEST(KvBlockPoolTest, AnEmptySlabGoesBackToTheSystemButItsSizesLastRoomStays) {
   EXPECT_GE(ResidentPages(first_slab, 3 * kKvSlabBytes), 3 * kPerSlab * kBlock / kPage);
   for (unsigned char* block : blocks) pool.Free(block, kBlock);
   EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
-  // The first slab to empty stayed, resident, as its size's room; the two after it went back.
+  // The last slab to empty stayed, resident, as its size's room; the others went back (the one
+  // kept as the first emptied went back once the next had room).
   const int64_t resident = ResidentPages(first_slab, 3 * kKvSlabBytes);
   EXPECT_LE(resident, kKvSlabBytes / kPage);
   EXPECT_GE(resident, kPerSlab * kBlock / kPage);
   unsigned char* next = pool.Allocate(kBlock);
   ASSERT_NE(next, nullptr);
-  EXPECT_LT(next, blocks[kPerSlab]);  // from the slab kept
+  EXPECT_GE(next, blocks[2 * kPerSlab]);  // from the slab kept
   EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
   pool.Free(next, kBlock);
+}
+
+// A slab kept empty as its size's only room goes back once another slab of the size has room:
+// new blocks fill the lower one, and the kept one would sit empty, out of other sizes' reach.
+TEST(KvBlockPoolTest, AKeptSlabGoesBackOnceAnotherHasRoom) {
+  KvBlockPool pool(64 << 20);
+  std::vector<unsigned char*> blocks;
+  for (int64_t i = 0; i < 2 * kPerSlab; ++i) blocks.push_back(pool.Allocate(kBlock));
+  for (int64_t i = kPerSlab; i < 2 * kPerSlab; ++i) pool.Free(blocks[i], kBlock);
+  EXPECT_EQ(pool.slab_bytes(), 2 * kKvSlabBytes);  // the second slab kept, empty
+  pool.Free(blocks[0], kBlock);
+  EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
+  EXPECT_EQ(pool.Allocate(kBlock), blocks[0]);
+  for (int64_t i = 0; i < kPerSlab; ++i) pool.Free(blocks[i], kBlock);
+  EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);  // the first slab now kept
 }
 
 // Blocks freed by one thread serve another's next allocations (malloc kept them in the arena
