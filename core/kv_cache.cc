@@ -84,8 +84,7 @@ absl::Status KvSequence::Reserve(int64_t length) {
   const size_t needed = static_cast<size_t>((length + kKvBlockTokens - 1) / kKvBlockTokens);
   if (!budget_->TryCharge(more)) return KvCacheFull(*budget_, more);
   const size_t before = blocks_.size();
-  // Blocks start on a cache line (the pool's promise), and so does each head's part
-  // (head_bytes is a multiple of 64).
+  // What this call took goes back: its blocks and its charge.
   auto undo = [&] {
     for (size_t b = before; b < blocks_.size(); ++b)
       budget_->pool().Free(blocks_[b], block_bytes());
@@ -98,6 +97,8 @@ absl::Status KvSequence::Reserve(int64_t length) {
     undo();
     return absl::ResourceExhaustedError("out of memory for the KV cache");
   }
+  // Blocks start on a cache line (the pool's promise), and so does each head's part
+  // (head_bytes is a multiple of 64).
   while (blocks_.size() < needed) {
     KvBlockPool::Refusal why;
     unsigned char* block = budget_->pool().Allocate(block_bytes(), &why);

@@ -21,7 +21,7 @@ namespace attnserve::core {
 inline constexpr int64_t kKvBlockTokens = 16;
 
 // The bytes every cache of the process may hold together (--kv-cache-mib), and the pool their
-// blocks come from, spanning that many bytes. Thread safe.
+// blocks come from (kv_block_pool.h). Thread safe.
 class KvCacheBudget {
  public:
   explicit KvCacheBudget(int64_t limit_bytes) : limit_(limit_bytes), pool_(limit_bytes) {}
