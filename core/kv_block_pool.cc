@@ -76,7 +76,7 @@ KvBlockPool::~KvBlockPool() {
 
 int64_t KvBlockPool::slab_bytes() const {
   std::lock_guard lock(mu_);
-  return taken_ * kKvSlabBytes;
+  return (static_cast<int64_t>(slabs_.size()) - free_below_high_) * kKvSlabBytes;
 }
 
 void KvBlockPool::SetRoom(Room& room, int64_t slab) {
@@ -129,7 +129,6 @@ int64_t KvBlockPool::TakeSlabs(int64_t span) {
     first = high;
   }
   for (int64_t i = first; i < first + span; ++i) slabs_[i].taken = true;
-  taken_ += span;
   return first;
 }
 
@@ -139,7 +138,6 @@ void KvBlockPool::ReturnSlabs(int64_t first) {
   madvise(SlabAddress(first), static_cast<size_t>(span * kKvSlabBytes), MADV_DONTNEED);
   for (int64_t i = first; i < first + span; ++i) slabs_[i] = Slab{};
   free_below_high_ += span;
-  taken_ -= span;
 }
 
 void KvBlockPool::ReturnKept(Room& room) {
@@ -149,10 +147,10 @@ void KvBlockPool::ReturnKept(Room& room) {
   room.kept = -1;
 }
 
-bool KvBlockPool::ReturnKeptSlabs(int64_t keep) {
+bool KvBlockPool::ReturnKeptSlabs() {
   bool returned = false;
   for (auto& [bytes, room] : room_) {
-    if (bytes == keep || room.kept < 0) continue;
+    if (room.kept < 0) continue;
     ReturnKept(room);
     returned = true;
   }
@@ -180,16 +178,12 @@ unsigned char* KvBlockPool::Allocate(int64_t bytes, Refusal* why) noexcept {
 unsigned char* KvBlockPool::AllocateLocked(int64_t bytes, Refusal* why) {
   // Whatever allocates comes before anything changes, but for a retry's TakeSlabs after
   // ReturnKeptSlabs (which leaves a whole state: slabs returned).
-  auto [it, added] = room_.try_emplace(bytes);
-  Room& room = it->second;
-  if (added) {
-    try {
-      room.bits.assign(static_cast<size_t>((slabs_total_ + 63) / 64), 0);
-    } catch (...) {
-      room_.erase(it);
-      throw;
-    }
+  auto it = room_.find(bytes);
+  if (it == room_.end()) {
+    Room first_of_its_size{.bits = std::vector<uint64_t>((slabs_total_ + 63) / 64)};
+    it = room_.emplace(bytes, std::move(first_of_its_size)).first;
   }
+  Room& room = it->second;
   if (room.count == 0) {
     const int64_t span = SpanOf(bytes);
     const int64_t blocks = BlocksPerSlab(bytes);
@@ -197,7 +191,7 @@ unsigned char* KvBlockPool::AllocateLocked(int64_t bytes, Refusal* why) {
     for (int64_t b = 0; b < blocks; ++b) free[b] = static_cast<int32_t>(blocks - 1 - b);
     int64_t first = TakeSlabs(span);
     // The region is held: the empty slabs other sizes keep go back, and it looks again.
-    if (first == -1 && ReturnKeptSlabs(bytes)) first = TakeSlabs(span);
+    if (first == -1 && ReturnKeptSlabs()) first = TakeSlabs(span);
     if (first < 0) {
       *why = first == -1 ? Refusal::kRegionHeld : Refusal::kNoMemory;
       return nullptr;

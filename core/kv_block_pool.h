@@ -79,8 +79,9 @@ class KvBlockPool {
   void ReturnSlabs(int64_t first);
   // Returns the slab `room` keeps, if any.
   void ReturnKept(Room& room);
-  // Returns the empty slab each block size keeps (other than `keep`'s); whether it did any.
-  bool ReturnKeptSlabs(int64_t keep);
+  // Returns the empty slab each block size keeps (a size that needs a slab keeps none);
+  // whether it did any.
+  bool ReturnKeptSlabs();
   static void SetRoom(Room& room, int64_t slab);
   static void ClearRoom(Room& room, int64_t slab);
   static int64_t LowestRoom(Room& room);
@@ -93,8 +94,7 @@ class KvBlockPool {
 
   mutable std::mutex mu_;
   std::vector<Slab> slabs_;       // those below the high-water mark, the only ones ever touched
-  int64_t free_below_high_ = 0;   // free slabs among them
-  int64_t taken_ = 0;             // slabs held for blocks
+  int64_t free_below_high_ = 0;   // free slabs among them (the rest are held for blocks)
   std::map<int64_t, Room> room_;  // by block size
 };
 

@@ -203,9 +203,9 @@ absl::StatusOr<RepositoryModelConfig> ParseRepositoryModelConfig(absl::string_vi
   auto note_keys = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
     if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
     if (event == Json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
-    if (event == Json::parse_event_t::key && !open_objects.empty() &&
-        !open_objects.back().insert(parsed.get<std::string>()).second && twice.empty()) {
-      twice = parsed.get<std::string>();
+    if (event == Json::parse_event_t::key && !open_objects.empty()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (!open_objects.back().insert(key).second && twice.empty()) twice = key;
     }
     return true;
   };

@@ -25,24 +25,14 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "tests/common/golden.h"
+#include "tests/common/sanitizers.h"
 #include "tests/server/scrape.h"
 #include "tests/server/test_util.h"
 
 namespace attnserve::server::testing {
 namespace {
 
-// Built with AddressSanitizer or ThreadSanitizer (gcc or clang).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using attnserve::test::kSanitized;
 
 using Stream = grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>;
 constexpr int64_t kWidth = 256;  // the demo layer's d_model

@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "server/frontends/grpc_status.h"
+#include "tests/common/sanitizers.h"
 
 namespace attnserve::server {
 namespace {
@@ -88,13 +89,7 @@ TEST(CheckOptionsTest, MetricsListenIsHostPortOrOff) {
 // The KV cache's pool reserves twice its budget of address space: under ulimit -v, the default
 // budget takes an eighth of the limit at most, and an explicit one is left as given.
 TEST(MakeSessionOptionsTest, TheDefaultKvCacheFitsAnAddressSpaceLimit) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "a sanitizer's own mappings pass any such limit";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  GTEST_SKIP() << "a sanitizer's own mappings pass any such limit";
-#endif
-#endif
+  if (attnserve::test::kSanitized) GTEST_SKIP() << "a sanitizer's own mappings pass any limit";
   rlimit old{};
   ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
   constexpr int64_t kLimit = int64_t{1} << 33;  // 8 GiB (far above what this process maps)
