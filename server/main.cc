@@ -46,6 +46,7 @@ struct Flags {
   double handshake_timeout_s = 10;
   std::string model_control_mode = "none";
   double repository_poll_secs = 15;
+  double heap_trim_secs = 10;
   double http_header_timeout_s = 10;
   double http_body_timeout_s = 30;
   double http_idle_timeout_s = 5;
@@ -120,6 +121,12 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--max-message-mib", o.max_message_mib,
                  "Largest request or reply in MiB; larger ones get RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  app.add_option("--heap-trim-secs", flags.heap_trim_secs,
+                 "Seconds between looks at the heap: once resident memory or the heap's free "
+                 "bytes have grown by 16 MiB (what a burst of large messages freed), its free "
+                 "pages go back to the system; 0 = never")
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   app.add_option("--max-queue", o.max_queue,
                  "Calls waiting per model (a sequence's requests waiting for the one before them "
@@ -277,6 +284,8 @@ absl::Status ApplyFlags(Flags& flags) {
   flags.options.model_control_mode = *mode;
   flags.options.repository_poll_interval =
       std::chrono::milliseconds(static_cast<int64_t>(flags.repository_poll_secs * 1000));
+  flags.options.heap_trim_interval =
+      std::chrono::milliseconds(static_cast<int64_t>(flags.heap_trim_secs * 1000));
   flags.options.http_header_timeout_ms = static_cast<int>(flags.http_header_timeout_s * 1000);
   flags.options.http_body_timeout_ms = static_cast<int>(flags.http_body_timeout_s * 1000);
   flags.options.http_idle_timeout_ms = static_cast<int>(flags.http_idle_timeout_s * 1000);

@@ -16,6 +16,7 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/base/heap_trimmer.h"
 #include "server/frontends/http/oip_routes.h"
 #include "server/frontends/http/repository_routes.h"
 #include "server/observability/log_setup.h"
@@ -316,6 +317,18 @@ void Server::StartWatchers(const ServerOptions& options) {
       if (admin_tokens_ != nullptr) admin_tokens_->ReloadIfChanged();
       return true;
     });
+  }
+  if (options.heap_trim_interval.count() > 0) {
+    heap_trimmer_ = std::make_unique<PeriodicThread>(
+        options.heap_trim_interval, [trimmer = HeapTrimmer()]() mutable {
+          if (std::optional<HeapTrimmer::Trim> trim = trimmer.TrimIfGrown()) {
+            Log(LogLevel::kDebug, "heap trimmed",
+                {{"resident_mib_before", trim->resident_before >> 20},
+                 {"resident_mib_after", trim->resident_after >> 20},
+                 {"ms", static_cast<int64_t>(trim->seconds * 1000)}});
+          }
+          return true;
+        });
   }
   if (options.listener_check_ms == 0) return;
   watchdog_ = ListenerWatchdog::Start(

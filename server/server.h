@@ -122,6 +122,7 @@ class Server {
   bool shut_down_ = false;  // guarded by shutdown_mu_
   // Polls the token file for changes until shutdown.
   std::unique_ptr<PeriodicThread> token_reloader_;
+  std::unique_ptr<PeriodicThread> heap_trimmer_;
 };
 
 }  // namespace attnserve::server

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <limits>
@@ -24,6 +23,7 @@
 #include "core/kv_block_pool.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
+#include "server/base/heap_trimmer.h"
 #include "tests/common/golden.h"
 #include "tests/common/sanitizers.h"
 #include "tests/server/scrape.h"
@@ -451,14 +451,6 @@ TEST(DecodeOptionsTest, AKvCacheBudgetThatCannotBeReservedStopsTheStart) {
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(server.status().message().find("--kv-cache-mib"), std::string::npos) << server.status();
-}
-
-// Resident memory of this process (the server runs in it), in bytes.
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
 }
 
 // Whether HeapInUse sees this process's allocations (a sanitizer's allocator is not glibc's).

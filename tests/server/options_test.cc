@@ -57,6 +57,19 @@ TEST(CheckOptionsTest, RepositoryFlagsGoTogether) {
   EXPECT_EQ(ParseControlMode("POLL").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(CheckOptionsTest, HeapTrimIsNeverOrAtMostADay) {
+  ServerOptions o;
+  EXPECT_EQ(o.heap_trim_interval, std::chrono::seconds(10));
+  for (int64_t ms : {0, 10, 86'400'000}) {
+    o.heap_trim_interval = std::chrono::milliseconds(ms);
+    EXPECT_TRUE(CheckOptions(o).ok()) << ms;
+  }
+  for (int64_t ms : {-1, 1, 86'400'001}) {
+    o.heap_trim_interval = std::chrono::milliseconds(ms);
+    EXPECT_EQ(CheckOptions(o).code(), absl::StatusCode::kInvalidArgument) << ms;
+  }
+}
+
 TEST(CheckOptionsTest, RefusesBadListenAndDuplicates) {
   ServerOptions o;
   EXPECT_TRUE(CheckOptions(o).ok());

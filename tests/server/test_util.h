@@ -142,6 +142,9 @@ class ChildServer {
   // Everything the child wrote so far.
   std::string Output() const;
 
+  // The child's process id (its /proc entry).
+  pid_t pid() const { return pid_; }
+
   // Polls (as WaitFor) until the child's output holds `text`; whether it did within `timeout`.
   bool WaitForOutput(std::string_view text,
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) const;
