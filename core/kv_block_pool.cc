@@ -166,13 +166,27 @@ unsigned char* KvBlockPool::Allocate(int64_t bytes, Refusal* why) noexcept {
     *why = Refusal::kRegionHeld;
     return nullptr;
   }
-  std::lock_guard lock(mu_);
-  try {
-    return AllocateLocked(bytes, why);
-  } catch (const std::bad_alloc&) {  // the bookkeeping's (state stays whole: see there)
-    *why = Refusal::kNoMemory;
-    return nullptr;
+  unsigned char* block;
+  {
+    std::lock_guard lock(mu_);
+    try {
+      block = AllocateLocked(bytes, why);
+    } catch (const std::bad_alloc&) {  // the bookkeeping's (state stays whole: see there)
+      *why = Refusal::kNoMemory;
+      return nullptr;
+    }
   }
+  if (block != nullptr) Prefault(block, bytes);
+  return block;
+}
+
+bool KvBlockPool::Prefault(unsigned char* block, int64_t bytes) noexcept {
+  constexpr uintptr_t kPage = 4096;
+  const auto first = reinterpret_cast<uintptr_t>(block) / kPage * kPage;
+  const auto end =
+      (reinterpret_cast<uintptr_t>(block) + static_cast<uintptr_t>(bytes) + kPage - 1) / kPage *
+      kPage;
+  return madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_WRITE) == 0;
 }
 
 unsigned char* KvBlockPool::AllocateLocked(int64_t bytes, Refusal* why) {

@@ -73,6 +73,26 @@ TEST(KvBlockPoolTest, BlocksFillOneSlabAtATimeAndFreedOnesAreReusedFirst) {
 
 // An empty slab's pages go back to the system at once, except the last room of its size (a
 // sequence stepping back and forth over a block's edge does not fault a slab in each time).
+TEST(KvBlockPoolTest, ABlocksPagesArePresentBeforeItIsWritten) {
+  void* probe = mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(probe, MAP_FAILED);
+  const bool populates = KvBlockPool::Prefault(static_cast<unsigned char*>(probe), kPage);
+  munmap(probe, kPage);
+  if (!populates) GTEST_SKIP() << "the kernel cannot populate pages (Linux 5.14 can)";
+  KvBlockPool pool(64 << 20);
+  unsigned char* block = pool.Allocate(kBlock);
+  ASSERT_NE(block, nullptr);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(block) % kKvSlabBytes, 0u);
+  // Its pages, not its slab's: no fault when the step writes it, no memory for blocks not given.
+  EXPECT_EQ(ResidentPages(block, kBlock), kBlock / kPage);
+  EXPECT_EQ(ResidentPages(block + kBlock, kKvSlabBytes - kBlock), 0);
+  unsigned char* next = pool.Allocate(kBlock);
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(ResidentPages(block, 2 * kBlock), 2 * kBlock / kPage);
+  pool.Free(next, kBlock);
+  pool.Free(block, kBlock);
+}
+
 TEST(KvBlockPoolTest, AnEmptySlabGoesBackToTheSystemButItsSizesLastRoomStays) {
   KvBlockPool pool(64 << 20);
   std::vector<unsigned char*> blocks;
