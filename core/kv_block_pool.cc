@@ -1,6 +1,7 @@
 #include "core/kv_block_pool.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -24,6 +25,10 @@
 #else
 #define POISON(p, n) ((void)(p), (void)(n))
 #define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#ifndef MADV_POPULATE_WRITE  // (Linux 5.14; older C library headers lack the name)
+#define MADV_POPULATE_WRITE 23
 #endif
 
 namespace attnserve::core {
@@ -181,7 +186,7 @@ unsigned char* KvBlockPool::Allocate(int64_t bytes, Refusal* why) noexcept {
 }
 
 bool KvBlockPool::Prefault(unsigned char* block, int64_t bytes) noexcept {
-  constexpr uintptr_t kPage = 4096;
+  static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto first = reinterpret_cast<uintptr_t>(block) / kPage * kPage;
   const auto end =
       (reinterpret_cast<uintptr_t>(block) + static_cast<uintptr_t>(bytes) + kPage - 1) / kPage *

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -284,8 +285,9 @@ absl::Status ApplyFlags(Flags& flags) {
   flags.options.model_control_mode = *mode;
   flags.options.repository_poll_interval =
       std::chrono::milliseconds(static_cast<int64_t>(flags.repository_poll_secs * 1000));
+  // (Rounded up: a value under a millisecond is refused as too short, not taken for 0, never.)
   flags.options.heap_trim_interval =
-      std::chrono::milliseconds(static_cast<int64_t>(flags.heap_trim_secs * 1000));
+      std::chrono::milliseconds(static_cast<int64_t>(std::ceil(flags.heap_trim_secs * 1000)));
   flags.options.http_header_timeout_ms = static_cast<int>(flags.http_header_timeout_s * 1000);
   flags.options.http_body_timeout_ms = static_cast<int>(flags.http_body_timeout_s * 1000);
   flags.options.http_idle_timeout_ms = static_cast<int>(flags.http_idle_timeout_s * 1000);

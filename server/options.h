@@ -48,8 +48,8 @@ struct ServerOptions {
   int compute_threads = 0;   // OpenMP threads per Forward; 0: every core
   int grpc_threads = 0;      // cap on gRPC's threads; 0: gRPC's default
   int max_message_mib = 64;  // largest request or response
-  // How often the heap's free pages go back to the system, once resident memory has grown
-  // (HeapTrimmer); 0: never.
+  // How often the heap is looked at: once resident memory or its free bytes have grown, its free
+  // pages go back to the system (HeapTrimmer); 0: never.
   std::chrono::milliseconds heap_trim_interval = std::chrono::seconds(10);
   // calls waiting per model before RESOURCE_EXHAUSTED
   int max_queue = SchedulerOptions{}.max_queue;

@@ -320,7 +320,10 @@ void Server::StartWatchers(const ServerOptions& options) {
   }
   if (options.heap_trim_interval.count() > 0) {
     heap_trimmer_ = std::make_unique<PeriodicThread>(
-        options.heap_trim_interval, [trimmer = HeapTrimmer()]() mutable {
+        options.heap_trim_interval,
+        [trimmer = HeapTrimmer(int64_t{16} << 20, [sessions = sessions_.get()] {
+           return sessions->budget().pool().slab_bytes();
+         })]() mutable {
           if (std::optional<HeapTrimmer::Trim> trim = trimmer.TrimIfGrown()) {
             Log(LogLevel::kDebug, "heap trimmed",
                 {{"resident_mib_before", trim->resident_before >> 20},

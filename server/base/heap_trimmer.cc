@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <utility>
 
 namespace attnserve::server {
 
@@ -23,23 +24,29 @@ int64_t HeapFreeBytes() { return static_cast<int64_t>(mallinfo2().fordblks); }
 
 }  // namespace
 
-HeapTrimmer::HeapTrimmer(int64_t min_growth)
-    : min_growth_(min_growth), resident_base_(ResidentBytes()), free_base_(HeapFreeBytes()) {}
+HeapTrimmer::HeapTrimmer(int64_t min_growth, std::function<int64_t()> not_heap)
+    : min_growth_(min_growth),
+      not_heap_(std::move(not_heap)),
+      resident_base_(HeapResident()),
+      free_base_(HeapFreeBytes()) {}
+
+int64_t HeapTrimmer::HeapResident() const {
+  return ResidentBytes() - (not_heap_ ? not_heap_() : 0);
+}
 
 std::optional<HeapTrimmer::Trim> HeapTrimmer::TrimIfGrown() {
   Trim trim;
   trim.resident_before = ResidentBytes();
+  const int64_t heap = HeapResident();
   const int64_t free = HeapFreeBytes();
-  resident_base_ = std::min(resident_base_, trim.resident_before);
+  resident_base_ = std::min(resident_base_, heap);
   free_base_ = std::min(free_base_, free);
-  if (trim.resident_before - resident_base_ < min_growth_ && free - free_base_ < min_growth_) {
-    return std::nullopt;
-  }
+  if (heap - resident_base_ < min_growth_ && free - free_base_ < min_growth_) return std::nullopt;
   const auto start = std::chrono::steady_clock::now();
   malloc_trim(0);
   trim.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   trim.resident_after = ResidentBytes();
-  resident_base_ = trim.resident_after;
+  resident_base_ = HeapResident();
   free_base_ = HeapFreeBytes();
   return trim;
 }
