@@ -321,7 +321,7 @@ void Server::StartWatchers(const ServerOptions& options) {
   if (options.heap_trim_interval.count() > 0) {
     heap_trimmer_ = std::make_unique<PeriodicThread>(
         options.heap_trim_interval,
-        [trimmer = HeapTrimmer(int64_t{16} << 20, [sessions = sessions_.get()] {
+        [trimmer = HeapTrimmer(HeapTrimmer::kMinGrowth, [sessions = sessions_.get()] {
            return sessions->budget().pool().slab_bytes();
          })]() mutable {
           if (std::optional<HeapTrimmer::Trim> trim = trimmer.TrimIfGrown()) {

@@ -27,17 +27,16 @@ int64_t HeapFreeBytes() { return static_cast<int64_t>(mallinfo2().fordblks); }
 HeapTrimmer::HeapTrimmer(int64_t min_growth, std::function<int64_t()> not_heap)
     : min_growth_(min_growth),
       not_heap_(std::move(not_heap)),
-      resident_base_(HeapResident()),
+      resident_base_(ResidentBytes() - NotHeap()),
       free_base_(HeapFreeBytes()) {}
 
-int64_t HeapTrimmer::HeapResident() const {
-  return ResidentBytes() - (not_heap_ ? not_heap_() : 0);
-}
+int64_t HeapTrimmer::NotHeap() const { return not_heap_ ? not_heap_() : 0; }
 
 std::optional<HeapTrimmer::Trim> HeapTrimmer::TrimIfGrown() {
   Trim trim;
   trim.resident_before = ResidentBytes();
-  const int64_t heap = HeapResident();
+  const int64_t not_heap = NotHeap();
+  const int64_t heap = trim.resident_before - not_heap;
   const int64_t free = HeapFreeBytes();
   resident_base_ = std::min(resident_base_, heap);
   free_base_ = std::min(free_base_, free);
@@ -46,7 +45,7 @@ std::optional<HeapTrimmer::Trim> HeapTrimmer::TrimIfGrown() {
   malloc_trim(0);
   trim.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   trim.resident_after = ResidentBytes();
-  resident_base_ = HeapResident();
+  resident_base_ = trim.resident_after - not_heap;
   free_base_ = HeapFreeBytes();
   return trim;
 }

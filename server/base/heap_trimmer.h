@@ -23,11 +23,13 @@ class HeapTrimmer {
     double seconds = 0;  // what malloc_trim took
   };
 
+  static constexpr int64_t kMinGrowth = int64_t{16} << 20;
+
   // `min_growth`: the bytes resident memory or the heap's free bytes must have grown by since
   // the last trim (or since this was made) for a trim to be worth its arenas' locks and the
   // page faults after it. `not_heap`, when given: resident bytes that are not the heap's and
   // come and go with no trim to make (the KV cache's slabs), left out of resident memory.
-  explicit HeapTrimmer(int64_t min_growth = int64_t{16} << 20,
+  explicit HeapTrimmer(int64_t min_growth = kMinGrowth,
                        std::function<int64_t()> not_heap = nullptr);
 
   // Trims (malloc_trim) when, since the last trim (or since this was made), resident memory or
@@ -39,7 +41,8 @@ class HeapTrimmer {
   std::optional<Trim> TrimIfGrown();
 
  private:
-  int64_t HeapResident() const;
+  // Resident bytes that are not the heap's (not_heap_), now.
+  int64_t NotHeap() const;
 
   const int64_t min_growth_;
   const std::function<int64_t()> not_heap_;

@@ -109,19 +109,9 @@ Burst AfterABurst(const std::string& name, const std::string& trim_secs, millise
   constexpr int64_t kRows = 16 * kMiB / (128 * sizeof(float));
   v1::ForwardRequest request;
   *request.mutable_input() = MakeTensor({kRows, 128}, std::vector<float>(kRows * 128, 0.25f), true);
-  std::vector<grpc::StatusCode> codes(kCalls, grpc::StatusCode::OK);
-  std::vector<std::thread> callers;
-  for (int i = 0; i < kCalls; ++i) {
-    callers.emplace_back([&, i] {
-      auto stub = v1::AttentionService::NewStub(Connect(port));
-      v1::ForwardResponse response;
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + seconds(60));
-      codes[i] = stub->Forward(&context, request, &response).error_code();
-    });
+  for (grpc::StatusCode code : FireTogether(port, kCalls, request, seconds(60))) {
+    EXPECT_EQ(code, grpc::StatusCode::INVALID_ARGUMENT);
   }
-  for (std::thread& caller : callers) caller.join();
-  for (grpc::StatusCode code : codes) EXPECT_EQ(code, grpc::StatusCode::INVALID_ARGUMENT);
 
   burst.lowest = ResidentBytesOf(child.pid());
   const auto until = std::chrono::steady_clock::now() + wait;

@@ -99,24 +99,6 @@ TEST(LoadTest, RequestOverTheMessageLimitIsResourceExhausted) {
   EXPECT_TRUE(stub->Forward(&context, DemoRequest(1, 16), &response).ok());
 }
 
-// Fires `n` calls at once from their own threads; their status codes.
-std::vector<grpc::StatusCode> FireTogether(int port, int n, const v1::ForwardRequest& request,
-                                           milliseconds deadline) {
-  std::vector<grpc::StatusCode> codes(n);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      auto stub = v1::AttentionService::NewStub(Connect(port));
-      v1::ForwardResponse response;
-      grpc::ClientContext context;
-      context.set_deadline(system_clock::now() + deadline);
-      codes[i] = stub->Forward(&context, request, &response).error_code();
-    });
-  }
-  for (auto& t : threads) t.join();
-  return codes;
-}
-
 TEST(LoadTest, AFullQueueAnswersResourceExhaustedAndTheRestSucceed) {
   ServerOptions options = DemoOptions();
   options.max_queue = 1;

@@ -167,6 +167,23 @@ std::unique_ptr<Server> StartServer(ServerOptions options) {
   return *std::move(server);
 }
 
+std::vector<grpc::StatusCode> FireTogether(int port, int n, const v1::ForwardRequest& request,
+                                           std::chrono::milliseconds deadline) {
+  std::vector<grpc::StatusCode> codes(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = v1::AttentionService::NewStub(Connect(port));
+      v1::ForwardResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + deadline);
+      codes[i] = stub->Forward(&context, request, &response).error_code();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return codes;
+}
+
 std::shared_ptr<grpc::Channel> Connect(int port) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);

@@ -31,6 +31,11 @@ std::unique_ptr<Server> StartServer(ServerOptions options);
 // A channel to `port` on localhost without client-side message limits.
 std::shared_ptr<grpc::Channel> Connect(int port);
 
+// Fires `n` Forward calls of `request` at once, each from its own thread and channel; their
+// status codes.
+std::vector<grpc::StatusCode> FireTogether(int port, int n, const v1::ForwardRequest& request,
+                                           std::chrono::milliseconds deadline);
+
 // A tensor of `shape` holding `values`, as raw bytes or as repeated floats.
 v1::Tensor MakeTensor(const std::vector<int64_t>& shape, const std::vector<float>& values,
                       bool raw);
