@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <new>
 
 // AddressSanitizer cannot see inside the region: blocks are poisoned by hand while free, and
@@ -81,7 +82,40 @@ KvBlockPool::~KvBlockPool() {
 
 int64_t KvBlockPool::slab_bytes() const {
   std::lock_guard lock(mu_);
-  return (static_cast<int64_t>(slabs_.size()) - free_below_high_) * kKvSlabBytes;
+  return (static_cast<int64_t>(slabs_.size()) - free_below_high_ + idle_slabs_) * kKvSlabBytes;
+}
+
+void KvBlockPool::KeepIdleSlabs(bool keep) {
+  {
+    std::lock_guard lock(mu_);
+    keep_idle_ = keep;
+  }
+  if (!keep) {  // all go back: each idle one is seen by the first call, returned by the second
+    ReleaseIdleSlabs();
+    ReleaseIdleSlabs();
+  }
+}
+
+int64_t KvBlockPool::ReleaseIdleSlabs() {
+  int64_t released = 0;
+  // One slab a hold of the lock (its pages go back under it, so that no Allocate takes it
+  // meanwhile), so that giving back thousands does not stall every step.
+  for (int64_t next = 0;;) {
+    std::lock_guard lock(mu_);
+    if (idle_slabs_ == 0) break;
+    const auto high = static_cast<int64_t>(slabs_.size());
+    while (next < high && !(slabs_[next].idle && slabs_[next].seen)) {
+      if (slabs_[next].idle) slabs_[next].seen = true;
+      ++next;
+    }
+    if (next == high) break;
+    madvise(SlabAddress(next), static_cast<size_t>(kKvSlabBytes), MADV_DONTNEED);
+    slabs_[next].idle = slabs_[next].seen = false;
+    --idle_slabs_;
+    released += kKvSlabBytes;
+    ++next;
+  }
+  return released;
 }
 
 void KvBlockPool::SetRoom(Room& room, int64_t slab) {
@@ -111,8 +145,14 @@ int64_t KvBlockPool::LowestRoom(Room& room) {
 int64_t KvBlockPool::TakeSlabs(int64_t span) {
   const auto high = static_cast<int64_t>(slabs_.size());
   int64_t first = -1;
-  // The lowest free run below the high-water mark, else the mark moves up.
-  if (free_below_high_ >= span) {
+  // The lowest idle slab (its pages are there), else the lowest free run below the high-water
+  // mark, else the mark moves up.
+  if (span == 1 && idle_slabs_ > 0) {
+    for (int64_t i = 0; i < high && first < 0; ++i) {
+      if (slabs_[i].idle) first = i;
+    }
+  }
+  if (first < 0 && free_below_high_ >= span) {
     for (int64_t i = 0, run = 0; i < high; ++i) {
       run = slabs_[i].taken ? 0 : run + 1;
       if (run == span) {
@@ -133,15 +173,26 @@ int64_t KvBlockPool::TakeSlabs(int64_t span) {
     }
     first = high;
   }
-  for (int64_t i = first; i < first + span; ++i) slabs_[i].taken = true;
+  for (int64_t i = first; i < first + span; ++i) {
+    Slab& slab = slabs_[i];
+    if (slab.idle) {  // zeroed, as a slab the system gives back
+      UNPOISON(SlabAddress(i), kKvSlabBytes);
+      std::memset(SlabAddress(i), 0, kKvSlabBytes);
+      --idle_slabs_;
+    }
+    slab = Slab{.taken = true};
+  }
   return first;
 }
 
 void KvBlockPool::ReturnSlabs(int64_t first) {
   const int64_t span = slabs_[first].span;
-  // Its pages go back to the system now (they read as zeros when taken again).
-  madvise(SlabAddress(first), static_cast<size_t>(span * kKvSlabBytes), MADV_DONTNEED);
-  for (int64_t i = first; i < first + span; ++i) slabs_[i] = Slab{};
+  // Its pages stay, idle, or go back to the system now (they read as zeros when taken again).
+  if (!keep_idle_) {
+    madvise(SlabAddress(first), static_cast<size_t>(span * kKvSlabBytes), MADV_DONTNEED);
+  }
+  for (int64_t i = first; i < first + span; ++i) slabs_[i] = Slab{.idle = keep_idle_};
+  if (keep_idle_) idle_slabs_ += span;
   free_below_high_ += span;
 }
 

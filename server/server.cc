@@ -319,11 +319,14 @@ void Server::StartWatchers(const ServerOptions& options) {
     });
   }
   if (options.heap_trim_interval.count() > 0) {
+    // The KV cache's empty slabs stay for the sessions that come next, and go back after a
+    // period or two unused, with what the heap freed.
+    core::KvBlockPool& pool = sessions_->budget().pool();
+    pool.KeepIdleSlabs(true);
+    HeapTrimmer trimmer(HeapTrimmer::kMinGrowth, [&pool] { return pool.slab_bytes(); });
     heap_trimmer_ = std::make_unique<PeriodicThread>(
-        options.heap_trim_interval,
-        [trimmer = HeapTrimmer(HeapTrimmer::kMinGrowth, [sessions = sessions_.get()] {
-           return sessions->budget().pool().slab_bytes();
-         })]() mutable {
+        options.heap_trim_interval, [&pool, trimmer = std::move(trimmer)]() mutable {
+          pool.ReleaseIdleSlabs();
           if (std::optional<HeapTrimmer::Trim> trim = trimmer.TrimIfGrown()) {
             Log(LogLevel::kDebug, "heap trimmed",
                 {{"resident_mib_before", trim->resident_before >> 20},

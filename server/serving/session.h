@@ -172,6 +172,7 @@ class SessionManager {
 
   const SessionOptions& options() const { return options_; }
   const core::KvCacheBudget& budget() const { return budget_; }
+  core::KvCacheBudget& budget() { return budget_; }  // (its pool's idle slabs: the server's)
 
   // A session of `batch` sequences on `version` (its steps run by `queue`). For
   // kCausalCross, `context` (width d_context, one sequence per b) is copied (its rows charged to

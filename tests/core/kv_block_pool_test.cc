@@ -145,6 +145,78 @@ TEST(KvBlockPoolTest, AKeptSlabGoesBackOnceAnotherHasRoom) {
   EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);  // the first slab now kept
 }
 
+// Kept idle (as the server keeps them), emptied slabs stay resident until a second look finds
+// them still idle: sessions that end and start again reuse their pages rather than fault new
+// ones in.
+TEST(KvBlockPoolTest, IdleSlabsGoBackAtTheSecondLookThatFindsThemIdle) {
+  KvBlockPool pool(64 << 20);
+  pool.KeepIdleSlabs(true);
+  std::vector<unsigned char*> blocks;
+  for (int64_t i = 0; i < 3 * kPerSlab; ++i) {
+    blocks.push_back(pool.Allocate(kBlock));
+    ASSERT_NE(blocks.back(), nullptr);
+    std::memset(blocks.back(), 1, kBlock);
+  }
+  const unsigned char* first_slab = blocks.front();
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(first_slab) % kKvSlabBytes, 0u);
+  // The first two slabs emptied go idle; the last stays as its size's room.
+  for (unsigned char* block : blocks) pool.Free(block, kBlock);
+  EXPECT_EQ(pool.slab_bytes(), 3 * kKvSlabBytes);
+  EXPECT_GE(ResidentPages(first_slab, 2 * kKvSlabBytes), 2 * kPerSlab * kBlock / kPage);
+  EXPECT_EQ(pool.ReleaseIdleSlabs(), 0);  // idle since this look only
+  EXPECT_GE(ResidentPages(first_slab, 2 * kKvSlabBytes), 2 * kPerSlab * kBlock / kPage);
+  EXPECT_EQ(pool.ReleaseIdleSlabs(), 2 * kKvSlabBytes);
+  EXPECT_EQ(ResidentPages(first_slab, 2 * kKvSlabBytes), 0);
+  EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
+  EXPECT_EQ(pool.ReleaseIdleSlabs(), 0);
+}
+
+// A new slab is an idle one before one whose pages went back, and reads as zeros like it,
+// whatever the blocks of another size left in it.
+TEST(KvBlockPoolTest, ANewSlabIsAnIdleOneZeroed) {
+  KvBlockPool pool(64 << 20);
+  pool.KeepIdleSlabs(true);
+  std::vector<unsigned char*> blocks;
+  for (int64_t i = 0; i < 3 * kPerSlab; ++i) {
+    blocks.push_back(pool.Allocate(kBlock));
+    ASSERT_NE(blocks.back(), nullptr);
+    std::memset(blocks.back(), 0xff, kBlock);
+  }
+  unsigned char* first_slab = blocks.front();
+  // The first slab emptied (kept as the room), then left idle as the second has room, goes back
+  // after two looks; the second, emptied, goes idle as the third has room.
+  for (int64_t i = 0; i <= kPerSlab; ++i) pool.Free(blocks[i], kBlock);
+  pool.ReleaseIdleSlabs();
+  EXPECT_EQ(pool.ReleaseIdleSlabs(), kKvSlabBytes);
+  for (int64_t i = kPerSlab + 1; i <= 2 * kPerSlab; ++i) pool.Free(blocks[i], kBlock);
+  EXPECT_EQ(pool.slab_bytes(), 2 * kKvSlabBytes);  // the second, idle, and the third
+  // A block of another size takes the second slab (its pages are there), not the first.
+  constexpr int64_t kOther = 2 * kBlock;
+  unsigned char* other = pool.Allocate(kOther);
+  ASSERT_EQ(other, first_slab + kKvSlabBytes);
+  for (int64_t i = 0; i < kOther; ++i) ASSERT_EQ(other[i], 0) << i;
+  EXPECT_EQ(pool.slab_bytes(), 2 * kKvSlabBytes);
+  pool.Free(other, kOther);
+  for (int64_t i = 2 * kPerSlab + 1; i < 3 * kPerSlab; ++i) pool.Free(blocks[i], kBlock);
+}
+
+// Turned off, the pool gives its idle slabs back at once, as it does each slab that empties.
+TEST(KvBlockPoolTest, IdleSlabsGoBackWhenNoLongerKept) {
+  KvBlockPool pool(64 << 20);
+  pool.KeepIdleSlabs(true);
+  std::vector<unsigned char*> blocks;
+  for (int64_t i = 0; i < 2 * kPerSlab + 1; ++i) {
+    blocks.push_back(pool.Allocate(kBlock));
+    ASSERT_NE(blocks.back(), nullptr);
+    std::memset(blocks.back(), 1, kBlock);
+  }
+  for (unsigned char* block : blocks) pool.Free(block, kBlock);
+  EXPECT_EQ(pool.slab_bytes(), 3 * kKvSlabBytes);  // two idle, the third its size's room
+  pool.KeepIdleSlabs(false);
+  EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
+  EXPECT_EQ(ResidentPages(blocks.front(), 2 * kKvSlabBytes), 0);
+}
+
 // Blocks freed by one thread serve another's next allocations (malloc kept them in the arena
 // of the thread that had taken them).
 TEST(KvBlockPoolTest, BlocksFreedOnOneThreadServeAnyThreadsNextAllocation) {
