@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <cstring>
 #include <new>
 
 // AddressSanitizer cannot see inside the region: blocks are poisoned by hand while free, and
@@ -82,7 +81,21 @@ KvBlockPool::~KvBlockPool() {
 
 int64_t KvBlockPool::slab_bytes() const {
   std::lock_guard lock(mu_);
+  return SlabBytesLocked();
+}
+
+int64_t KvBlockPool::SlabBytesLocked() const {
   return (static_cast<int64_t>(slabs_.size()) - free_below_high_ + idle_slabs_) * kKvSlabBytes;
+}
+
+void KvBlockPool::ObserveSlabBytes(std::function<void(int64_t)> observer) {
+  std::lock_guard lock(mu_);
+  observer_ = std::move(observer);
+  SlabBytesChanged();
+}
+
+void KvBlockPool::SlabBytesChanged() {
+  if (observer_) observer_(SlabBytesLocked());
 }
 
 void KvBlockPool::KeepIdleSlabs(bool keep) {
@@ -112,6 +125,7 @@ int64_t KvBlockPool::ReleaseIdleSlabs() {
     madvise(SlabAddress(next), static_cast<size_t>(kKvSlabBytes), MADV_DONTNEED);
     slabs_[next].idle = slabs_[next].seen = false;
     --idle_slabs_;
+    SlabBytesChanged();
     released += kKvSlabBytes;
     ++next;
   }
@@ -144,23 +158,19 @@ int64_t KvBlockPool::LowestRoom(Room& room) {
 
 int64_t KvBlockPool::TakeSlabs(int64_t span) {
   const auto high = static_cast<int64_t>(slabs_.size());
-  int64_t first = -1;
-  // The lowest idle slab (its pages are there), else the lowest free run below the high-water
-  // mark, else the mark moves up.
-  if (span == 1 && idle_slabs_ > 0) {
-    for (int64_t i = 0; i < high && first < 0; ++i) {
-      if (slabs_[i].idle) first = i;
-    }
-  }
-  if (first < 0 && free_below_high_ >= span) {
+  // The first of the lowest run of `span` free slabs below the high-water mark (idle ones only,
+  // when asked); -1: none.
+  const auto lowest_run = [&](bool idle_only) -> int64_t {
     for (int64_t i = 0, run = 0; i < high; ++i) {
-      run = slabs_[i].taken ? 0 : run + 1;
-      if (run == span) {
-        first = i - span + 1;
-        break;
-      }
+      run = slabs_[i].taken || (idle_only && !slabs_[i].idle) ? 0 : run + 1;
+      if (run == span) return i - span + 1;
     }
-  }
+    return -1;
+  };
+  // The lowest idle run (its pages are there), else the lowest free run, else the mark moves
+  // up.
+  int64_t first = idle_slabs_ >= span ? lowest_run(true) : -1;
+  if (first < 0 && free_below_high_ >= span) first = lowest_run(false);
   if (first >= 0) {
     free_below_high_ -= span;
   } else {
@@ -173,27 +183,26 @@ int64_t KvBlockPool::TakeSlabs(int64_t span) {
     }
     first = high;
   }
+  // (An idle slab holds what its blocks last held: no reader looks past what a sequence wrote,
+  // as in a block reused within its slab.)
   for (int64_t i = first; i < first + span; ++i) {
-    Slab& slab = slabs_[i];
-    if (slab.idle) {  // zeroed, as a slab the system gives back
-      UNPOISON(SlabAddress(i), kKvSlabBytes);
-      std::memset(SlabAddress(i), 0, kKvSlabBytes);
-      --idle_slabs_;
-    }
-    slab = Slab{.taken = true};
+    if (slabs_[i].idle) --idle_slabs_;
+    slabs_[i] = Slab{.taken = true};
   }
+  SlabBytesChanged();
   return first;
 }
 
 void KvBlockPool::ReturnSlabs(int64_t first) {
   const int64_t span = slabs_[first].span;
-  // Its pages stay, idle, or go back to the system now (they read as zeros when taken again).
+  // Its pages stay, idle, or go back to the system now.
   if (!keep_idle_) {
     madvise(SlabAddress(first), static_cast<size_t>(span * kKvSlabBytes), MADV_DONTNEED);
   }
   for (int64_t i = first; i < first + span; ++i) slabs_[i] = Slab{.idle = keep_idle_};
   if (keep_idle_) idle_slabs_ += span;
   free_below_high_ += span;
+  SlabBytesChanged();
 }
 
 void KvBlockPool::ReturnKept(Room& room) {

@@ -10,6 +10,7 @@
 // its arenas after every session had ended: the process kept its peak.)
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -52,21 +53,26 @@ class KvBlockPool {
   // cannot (before Linux 5.14): the pages then come as faults.
   static bool Prefault(unsigned char* block, int64_t bytes) noexcept;
 
-  // Empty slabs stay resident until ReleaseIdleSlabs finds them empty twice, and a new slab is
-  // one of them when one is (zeroed: a slab reads as zeros when taken, either way); off (the
-  // default): an empty slab goes back to the system at once. Sessions that end and start take
-  // the same pages again instead of faulting new ones in (in a VM whose first touch of a page
-  // took 13 us, 64 sequences of a 768-wide f32 layer generated 15% more tokens a second on
-  // reused pages), as jemalloc keeps freed pages a while (its decay) for the same reason.
+  // On: an emptied slab stays resident, idle, until ReleaseIdleSlabs finds it idle a second
+  // time (whoever keeps them calls it every period), and a new slab is an idle one when one is.
+  // Off (the default): an empty slab goes back to the system at once, and turning it off gives
+  // back the idle ones. Sessions that end and start take the same pages again instead of
+  // faulting new ones in (in a VM whose first touch of a page took 13 us, 64 sequences of a
+  // 768-wide f32 layer took 7-8% less server CPU a token on reused pages), as jemalloc keeps
+  // freed pages a while (its decay) for the same reason. A block, from a slab idle or not, holds
+  // whatever was last written there.
   void KeepIdleSlabs(bool keep);
-  // Gives back to the system the empty slabs kept that were already empty at the last call;
-  // their bytes. Called every period (the server's --heap-trim-secs), an emptied slab goes back
-  // after one to two periods unused.
+  // Gives back to the system the idle slabs that were already idle at the last call; their
+  // bytes. Called every period (the server's --heap-trim-secs), an emptied slab goes back after
+  // one to two periods unused.
   int64_t ReleaseIdleSlabs();
 
-  // Bytes of the slabs held for blocks now, and of the empty ones kept: what the caches can hold
-  // resident at most.
+  // Bytes of the slabs held for blocks now, and of the idle ones: what the caches hold resident
+  // at most.
   int64_t slab_bytes() const;
+  // Calls `observer` with slab_bytes() now and whenever it changes (under the pool's lock: it
+  // must not call the pool), e.g. to set a gauge.
+  void ObserveSlabBytes(std::function<void(int64_t)> observer);
   // Bytes the region spans (its slabs, all told).
   int64_t region_bytes() const { return slabs_total_ * kKvSlabBytes; }
 
@@ -107,6 +113,8 @@ class KvBlockPool {
   // Returns the empty slab each block size keeps (a size that needs a slab keeps none);
   // whether it did any.
   bool ReturnKeptSlabs();
+  int64_t SlabBytesLocked() const;
+  void SlabBytesChanged();  // tells the observer
   static void SetRoom(Room& room, int64_t slab);
   static void ClearRoom(Room& room, int64_t slab);
   static int64_t LowestRoom(Room& room);
@@ -121,7 +129,8 @@ class KvBlockPool {
   std::vector<Slab> slabs_;      // those below the high-water mark, the only ones ever touched
   int64_t free_below_high_ = 0;  // free slabs among them (the rest are held for blocks)
   bool keep_idle_ = false;
-  int64_t idle_slabs_ = 0;        // free slabs among them kept resident (idle)
+  int64_t idle_slabs_ = 0;  // free slabs among them kept resident (idle)
+  std::function<void(int64_t)> observer_;
   std::map<int64_t, Room> room_;  // by block size
 };
 

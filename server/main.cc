@@ -127,7 +127,7 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "Seconds between looks at the heap: once resident memory or the heap's free "
                  "bytes have grown by 16 MiB (what a burst of large messages freed), its free "
                  "pages go back to the system; so do the KV cache's slabs idle for a whole "
-                 "period. 0 = the heap never, idle slabs at once")
+                 "period. 0 = never trim the heap; empty KV slabs go back at once")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   app.add_option("--max-queue", o.max_queue,

@@ -156,7 +156,7 @@ absl::Status CheckOptions(const ServerOptions& options) {
   if (options.heap_trim_interval != std::chrono::milliseconds(0) &&
       (options.heap_trim_interval < std::chrono::milliseconds(10) ||
        options.heap_trim_interval > std::chrono::hours(24))) {
-    return absl::InvalidArgumentError("--heap-trim-secs must be 0 (never) or 0.01 to 86400");
+    return absl::InvalidArgumentError("--heap-trim-secs must be 0 (no trims) or 0.01 to 86400");
   }
   if (options.max_queue <= 0) return absl::InvalidArgumentError("--max-queue must be positive");
   if (options.max_streams <= 0) {

@@ -49,7 +49,8 @@ struct ServerOptions {
   int grpc_threads = 0;      // cap on gRPC's threads; 0: gRPC's default
   int max_message_mib = 64;  // largest request or response
   // How often the heap is looked at: once resident memory or its free bytes have grown, its free
-  // pages go back to the system (HeapTrimmer); 0: never.
+  // pages go back to the system (HeapTrimmer); so do the KV cache's slabs a whole period idle.
+  // 0: the heap is never trimmed, and empty KV slabs go back at once.
   std::chrono::milliseconds heap_trim_interval = std::chrono::seconds(10);
   // calls waiting per model before RESOURCE_EXHAUSTED
   int max_queue = SchedulerOptions{}.max_queue;

@@ -202,6 +202,8 @@ absl::Status Server::Init(const ServerOptions& options) {
   admin_ = std::make_unique<AdminAuthorizer>(admin_tokens_);
 
   metrics_->SetKvCacheLimit(session_options.kv_cache_bytes);
+  sessions_->budget().pool().ObserveSlabBytes(
+      [metrics = metrics_.get()](int64_t bytes) { metrics->SetKvCacheResident(bytes); });
   admission_ = std::make_unique<Admission>(registry_.get(), reporter_.get(), sessions_.get(),
                                            MaxMessageBytes(options));
   service_ = std::make_unique<AttentionService>(admission_.get());
@@ -326,7 +328,9 @@ void Server::StartWatchers(const ServerOptions& options) {
     HeapTrimmer trimmer(HeapTrimmer::kMinGrowth, [&pool] { return pool.slab_bytes(); });
     heap_trimmer_ = std::make_unique<PeriodicThread>(
         options.heap_trim_interval, [&pool, trimmer = std::move(trimmer)]() mutable {
-          pool.ReleaseIdleSlabs();
+          if (const int64_t released = pool.ReleaseIdleSlabs(); released > 0) {
+            Log(LogLevel::kDebug, "idle KV cache slabs released", {{"mib", released >> 20}});
+          }
           if (std::optional<HeapTrimmer::Trim> trim = trimmer.TrimIfGrown()) {
             Log(LogLevel::kDebug, "heap trimmed",
                 {{"resident_mib_before", trim->resident_before >> 20},

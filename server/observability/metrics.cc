@@ -219,6 +219,13 @@ struct Metrics::Families {
                            .Help("The KV cache budget every session shares (--kv-cache-mib).")
                            .Register(r)
                            .Add({})),
+        kv_cache_resident(prometheus::BuildGauge()
+                              .Name("attnserve_kv_cache_resident_bytes")
+                              .Help("Bytes of the KV cache's slabs in memory: those holding "
+                                    "sessions' blocks, and those emptied and kept for the next "
+                                    "sessions until a --heap-trim-secs period passes idle.")
+                              .Register(r)
+                              .Add({})),
         session_messages(prometheus::BuildCounter()
                              .Name("attnserve_session_messages_total")
                              .Help("Messages of decode sessions answered (Decode and "
@@ -279,6 +286,7 @@ struct Metrics::Families {
   Family<Counter>& sessions_refused;
   Family<Gauge>& kv_cache_bytes;
   Gauge& kv_cache_limit;
+  Gauge& kv_cache_resident;
   Family<Counter>& session_messages;
   Family<Counter>& decode_tokens;
   Family<Histogram>& decode_step_tokens;
@@ -374,6 +382,10 @@ void ModelMetrics::DecodeRun(int64_t tokens) {
 
 void Metrics::SetKvCacheLimit(int64_t bytes) {
   if (enabled_) families_->kv_cache_limit.Set(static_cast<double>(bytes));
+}
+
+void Metrics::SetKvCacheResident(int64_t bytes) {
+  if (enabled_) families_->kv_cache_resident.Set(static_cast<double>(bytes));
 }
 
 Metrics::Metrics(bool enabled) : enabled_(enabled) {

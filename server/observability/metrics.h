@@ -153,6 +153,8 @@ class Metrics {
 
   // Sets attnserve_kv_cache_limit_bytes, the budget every session's cache shares.
   void SetKvCacheLimit(int64_t bytes);
+  // Sets attnserve_kv_cache_resident_bytes, the bytes of the KV cache's slabs in memory.
+  void SetKvCacheResident(int64_t bytes);
 
   // Sets attnserve_model_info for a model (its newest ready version's shapes), replacing the
   // model's previous series.

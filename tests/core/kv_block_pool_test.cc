@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -165,15 +166,24 @@ TEST(KvBlockPoolTest, IdleSlabsGoBackAtTheSecondLookThatFindsThemIdle) {
   EXPECT_GE(ResidentPages(first_slab, 2 * kKvSlabBytes), 2 * kPerSlab * kBlock / kPage);
   EXPECT_EQ(pool.ReleaseIdleSlabs(), 0);  // idle since this look only
   EXPECT_GE(ResidentPages(first_slab, 2 * kKvSlabBytes), 2 * kPerSlab * kBlock / kPage);
-  EXPECT_EQ(pool.ReleaseIdleSlabs(), 2 * kKvSlabBytes);
-  EXPECT_EQ(ResidentPages(first_slab, 2 * kKvSlabBytes), 0);
-  EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
+  // Taken again and emptied between two looks, a slab is idle anew: not given back at the next.
+  constexpr int64_t kOther = 2 * kBlock;  // 10 a slab
+  std::vector<unsigned char*> others;
+  for (int64_t i = 0; i <= kKvSlabBytes / kOther; ++i) others.push_back(pool.Allocate(kOther));
+  ASSERT_EQ(others.front(), first_slab);  // both idle slabs, for another size
+  ASSERT_EQ(others.back(), first_slab + kKvSlabBytes);
+  for (size_t i = 0; i + 1 < others.size(); ++i) pool.Free(others[i], kOther);
+  EXPECT_EQ(pool.ReleaseIdleSlabs(), 0);
+  EXPECT_GE(ResidentPages(first_slab, kKvSlabBytes), (kKvSlabBytes / kOther) * kOther / kPage);
+  EXPECT_EQ(pool.ReleaseIdleSlabs(), kKvSlabBytes);
+  EXPECT_EQ(ResidentPages(first_slab, kKvSlabBytes), 0);
+  pool.Free(others.back(), kOther);                // the second slab, its size's room now
+  EXPECT_EQ(pool.slab_bytes(), 2 * kKvSlabBytes);  // one room a size
   EXPECT_EQ(pool.ReleaseIdleSlabs(), 0);
 }
 
-// A new slab is an idle one before one whose pages went back, and reads as zeros like it,
-// whatever the blocks of another size left in it.
-TEST(KvBlockPoolTest, ANewSlabIsAnIdleOneZeroed) {
+// A new slab is an idle one (its pages there) before one whose pages went back.
+TEST(KvBlockPoolTest, ANewSlabIsAnIdleOneBeforeOneGivenBack) {
   KvBlockPool pool(64 << 20);
   pool.KeepIdleSlabs(true);
   std::vector<unsigned char*> blocks;
@@ -194,13 +204,13 @@ TEST(KvBlockPoolTest, ANewSlabIsAnIdleOneZeroed) {
   constexpr int64_t kOther = 2 * kBlock;
   unsigned char* other = pool.Allocate(kOther);
   ASSERT_EQ(other, first_slab + kKvSlabBytes);
-  for (int64_t i = 0; i < kOther; ++i) ASSERT_EQ(other[i], 0) << i;
+  std::memset(other, 2, kOther);
   EXPECT_EQ(pool.slab_bytes(), 2 * kKvSlabBytes);
   pool.Free(other, kOther);
   for (int64_t i = 2 * kPerSlab + 1; i < 3 * kPerSlab; ++i) pool.Free(blocks[i], kBlock);
 }
 
-// Turned off, the pool gives its idle slabs back at once, as it does each slab that empties.
+// Turned off, the pool gives its idle slabs back at once, and then each slab as it empties.
 TEST(KvBlockPoolTest, IdleSlabsGoBackWhenNoLongerKept) {
   KvBlockPool pool(64 << 20);
   pool.KeepIdleSlabs(true);
@@ -215,6 +225,9 @@ TEST(KvBlockPoolTest, IdleSlabsGoBackWhenNoLongerKept) {
   pool.KeepIdleSlabs(false);
   EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
   EXPECT_EQ(ResidentPages(blocks.front(), 2 * kKvSlabBytes), 0);
+  for (int64_t i = 0; i < 2 * kPerSlab; ++i) blocks[i] = pool.Allocate(kBlock);  // 3 slabs
+  for (int64_t i = 0; i < 2 * kPerSlab; ++i) pool.Free(blocks[i], kBlock);
+  EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
 }
 
 // Blocks freed by one thread serve another's next allocations (malloc kept them in the arena
@@ -326,9 +339,22 @@ TEST(KvBlockPoolTest, ARegionHeldByOneSizeRefusesAnotherAndTheSequenceSaysWhy) {
 // Sessions filling the budget from several threads and ending on others, four times over: the
 // caches never hold more than the budget (and a slab) resident, and give it all back but the
 // slab kept for the next block.
-TEST(KvBlockPoolTest, FillingAndEmptyingTheBudgetFromManyThreadsStaysWithinIt) {
+// Kept idle, the same holds with the idle slabs given back by a thread of their own meanwhile,
+// once two looks have found them idle.
+class KvBlockPoolThreadsTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KvBlockPoolThreadsTest, FillingAndEmptyingTheBudgetFromManyThreadsStaysWithinIt) {
   constexpr int64_t kBudget = int64_t{96} << 20;
   KvCacheBudget budget(kBudget);
+  const bool keep_idle = GetParam();
+  budget.pool().KeepIdleSlabs(keep_idle);
+  std::atomic<bool> done{false};
+  std::thread releaser([&] {
+    while (keep_idle && !done) {
+      budget.pool().ReleaseIdleSlabs();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
   // The region's first slab (a fresh pool hands out its lowest block first), kept from now on.
   unsigned char* region = budget.pool().Allocate(kBlock);
   ASSERT_NE(region, nullptr);
@@ -364,10 +390,21 @@ TEST(KvBlockPoolTest, FillingAndEmptyingTheBudgetFromManyThreadsStaysWithinIt) {
     }
     for (auto& thread : threads) thread.join();
     EXPECT_EQ(budget.used(), 0);
+    if (keep_idle) {
+      budget.pool().ReleaseIdleSlabs();
+      budget.pool().ReleaseIdleSlabs();
+    }
     EXPECT_EQ(budget.pool().slab_bytes(), kKvSlabBytes);
     EXPECT_LE(ResidentPages(region, region_bytes) * kPage, kKvSlabBytes);
   }
+  done = true;
+  releaser.join();
 }
+
+INSTANTIATE_TEST_SUITE_P(IdleSlabs, KvBlockPoolThreadsTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Kept" : "GivenBackAtOnce";
+                         });
 
 }  // namespace
 }  // namespace attnserve::core
