@@ -111,8 +111,10 @@ void KvBlockPool::KeepIdleSlabs(bool keep) {
 
 int64_t KvBlockPool::ReleaseIdleSlabs() {
   int64_t released = 0;
-  // One slab a hold of the lock (its pages go back under it, so that no Allocate takes it
-  // meanwhile), so that giving back thousands does not stall every step.
+  // One slab given back a hold of the lock (its pages go back under it, so that no Allocate
+  // takes it meanwhile), so that giving back thousands does not stall every step. (Marking
+  // those idle for the first time walks the slabs in the same hold: 3 000 for a 6 GiB budget,
+  // every period.)
   for (int64_t next = 0;;) {
     std::lock_guard lock(mu_);
     if (idle_slabs_ == 0) break;

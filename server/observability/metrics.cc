@@ -221,9 +221,10 @@ struct Metrics::Families {
                            .Add({})),
         kv_cache_resident(prometheus::BuildGauge()
                               .Name("attnserve_kv_cache_resident_bytes")
-                              .Help("Bytes of the KV cache's slabs in memory: those holding "
-                                    "sessions' blocks, and those emptied and kept for the next "
-                                    "sessions until a --heap-trim-secs period passes idle.")
+                              .Help("Bytes of the KV cache's slabs, what its caches can hold in "
+                                    "memory: those holding sessions' blocks, and those emptied "
+                                    "and kept for the next sessions until a --heap-trim-secs "
+                                    "period passes idle.")
                               .Register(r)
                               .Add({})),
         session_messages(prometheus::BuildCounter()

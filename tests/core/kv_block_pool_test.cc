@@ -220,14 +220,50 @@ TEST(KvBlockPoolTest, IdleSlabsGoBackWhenNoLongerKept) {
     ASSERT_NE(blocks.back(), nullptr);
     std::memset(blocks.back(), 1, kBlock);
   }
+  const unsigned char* first_slab = blocks.front();
   for (unsigned char* block : blocks) pool.Free(block, kBlock);
   EXPECT_EQ(pool.slab_bytes(), 3 * kKvSlabBytes);  // two idle, the third its size's room
   pool.KeepIdleSlabs(false);
   EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
-  EXPECT_EQ(ResidentPages(blocks.front(), 2 * kKvSlabBytes), 0);
-  for (int64_t i = 0; i < 2 * kPerSlab; ++i) blocks[i] = pool.Allocate(kBlock);  // 3 slabs
-  for (int64_t i = 0; i < 2 * kPerSlab; ++i) pool.Free(blocks[i], kBlock);
+  EXPECT_EQ(ResidentPages(first_slab, 2 * kKvSlabBytes), 0);
+  // The third slab (the room kept), the first and a block of the second; each emptied goes
+  // back, but the last, kept as the room.
+  for (unsigned char*& block : blocks) block = pool.Allocate(kBlock);
+  EXPECT_EQ(pool.slab_bytes(), 3 * kKvSlabBytes);
+  for (unsigned char* block : blocks) pool.Free(block, kBlock);
   EXPECT_EQ(pool.slab_bytes(), kKvSlabBytes);
+  EXPECT_EQ(ResidentPages(first_slab, kKvSlabBytes), 0);
+  EXPECT_EQ(ResidentPages(first_slab + 2 * kKvSlabBytes, kKvSlabBytes), 0);
+}
+
+// An observer (the server's attnserve_kv_cache_resident_bytes) hears every change of
+// slab_bytes: slabs taken, idle, given back, or all given back when no longer kept.
+TEST(KvBlockPoolTest, TheObserverHearsEveryChangeOfTheSlabBytes) {
+  KvBlockPool pool(64 << 20);
+  pool.KeepIdleSlabs(true);
+  int64_t heard = -1;
+  pool.ObserveSlabBytes([&](int64_t bytes) { heard = bytes; });
+  EXPECT_EQ(heard, 0);
+  std::vector<unsigned char*> blocks(2 * kPerSlab + 1);
+  for (int round = 0; round < 2; ++round) {
+    for (unsigned char*& block : blocks) {
+      block = pool.Allocate(kBlock);
+      EXPECT_EQ(heard, pool.slab_bytes());
+    }
+    EXPECT_EQ(heard, 3 * kKvSlabBytes);
+    for (unsigned char* block : blocks) {
+      pool.Free(block, kBlock);
+      EXPECT_EQ(heard, pool.slab_bytes());
+    }
+    EXPECT_EQ(heard, 3 * kKvSlabBytes);  // two idle, and the size's room
+    if (round == 0) {
+      pool.ReleaseIdleSlabs();
+      pool.ReleaseIdleSlabs();
+    } else {
+      pool.KeepIdleSlabs(false);
+    }
+    EXPECT_EQ(heard, kKvSlabBytes);
+  }
 }
 
 // Blocks freed by one thread serve another's next allocations (malloc kept them in the arena
@@ -338,9 +374,9 @@ TEST(KvBlockPoolTest, ARegionHeldByOneSizeRefusesAnotherAndTheSequenceSaysWhy) {
 
 // Sessions filling the budget from several threads and ending on others, four times over: the
 // caches never hold more than the budget (and a slab) resident, and give it all back but the
-// slab kept for the next block.
-// Kept idle, the same holds with the idle slabs given back by a thread of their own meanwhile,
-// once two looks have found them idle.
+// slab kept for the next block. With idle slabs kept, each round takes those the last left
+// while a thread of their own gives them back, and after the last round two looks give back
+// all.
 class KvBlockPoolThreadsTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(KvBlockPoolThreadsTest, FillingAndEmptyingTheBudgetFromManyThreadsStaysWithinIt) {
@@ -348,6 +384,11 @@ TEST_P(KvBlockPoolThreadsTest, FillingAndEmptyingTheBudgetFromManyThreadsStaysWi
   KvCacheBudget budget(kBudget);
   const bool keep_idle = GetParam();
   budget.pool().KeepIdleSlabs(keep_idle);
+  // The region's first slab (a fresh pool hands out its lowest block first), kept from now on.
+  unsigned char* region = budget.pool().Allocate(kBlock);
+  ASSERT_NE(region, nullptr);
+  budget.pool().Free(region, kBlock);
+  const int64_t region_bytes = budget.pool().region_bytes();
   std::atomic<bool> done{false};
   std::thread releaser([&] {
     while (keep_idle && !done) {
@@ -355,11 +396,6 @@ TEST_P(KvBlockPoolThreadsTest, FillingAndEmptyingTheBudgetFromManyThreadsStaysWi
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   });
-  // The region's first slab (a fresh pool hands out its lowest block first), kept from now on.
-  unsigned char* region = budget.pool().Allocate(kBlock);
-  ASSERT_NE(region, nullptr);
-  budget.pool().Free(region, kBlock);
-  const int64_t region_bytes = budget.pool().region_bytes();
   for (int round = 0; round < 4; ++round) {
     std::vector<std::unique_ptr<KvSequence>> sequences[4];
     std::vector<std::thread> threads;
@@ -390,6 +426,12 @@ TEST_P(KvBlockPoolThreadsTest, FillingAndEmptyingTheBudgetFromManyThreadsStaysWi
     }
     for (auto& thread : threads) thread.join();
     EXPECT_EQ(budget.used(), 0);
+    // Idle slabs left to the next round are taken (or given back) while it fills the budget;
+    // after the last, two looks give them all back.
+    if (keep_idle && round < 3) {
+      EXPECT_LE(budget.pool().slab_bytes(), kBudget + kKvSlabBytes);
+      continue;
+    }
     if (keep_idle) {
       budget.pool().ReleaseIdleSlabs();
       budget.pool().ReleaseIdleSlabs();

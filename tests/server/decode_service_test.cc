@@ -466,9 +466,9 @@ bool HeapInUseCounts() {
 // message's input or output: after a prompt of 8 MiB in and 8 MiB out, the heap (both ends are
 // in this process) holds little more than once the stream has ended (the cache is in the KV
 // pool's slabs, whose pages go back to the system at the second look that finds them idle).
-// (Measured against the end, not
-// the start: the first long prompt of a process leaves 0.5 to 1.5 messages of gRPC's and the
-// engine's buffers behind for good, whichever stream it came on.)
+// (Measured against the end, not the start: the first long prompt of a process leaves 0.5 to
+// 1.5 messages of gRPC's and the engine's buffers behind for good, whichever stream it came
+// on.)
 TEST_F(DecodeServiceTest, AnIdleStreamHoldsItsCacheAndNotItsLastMessage) {
   ServerOptions options;
   options.max_session_tokens = 1 << 20;
