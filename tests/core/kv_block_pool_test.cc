@@ -52,6 +52,18 @@ bool HugePagesAlways() {
 constexpr int64_t kBlock = 2 * kKvBlockTokens * 768 * 4;
 constexpr int64_t kPerSlab = kKvSlabBytes / kBlock;  // 21
 
+// `n` blocks of kBlock from `pool`, each written whole; fewer when the pool refused one.
+std::vector<unsigned char*> WrittenBlocks(KvBlockPool& pool, int64_t n) {
+  std::vector<unsigned char*> blocks;
+  for (int64_t i = 0; i < n; ++i) {
+    unsigned char* block = pool.Allocate(kBlock);
+    if (block == nullptr) break;
+    std::memset(block, 1, kBlock);
+    blocks.push_back(block);
+  }
+  return blocks;
+}
+
 TEST(KvBlockPoolTest, BlocksFillOneSlabAtATimeAndFreedOnesAreReusedFirst) {
   KvBlockPool pool(64 << 20);
   ASSERT_TRUE(pool.reserved());
@@ -108,12 +120,8 @@ TEST(KvBlockPoolTest, ABlocksPagesArePresentBeforeItIsWritten) {
 // sequence stepping back and forth over a block's edge does not fault a slab in each time).
 TEST(KvBlockPoolTest, AnEmptySlabGoesBackToTheSystemButItsSizesLastRoomStays) {
   KvBlockPool pool(64 << 20);
-  std::vector<unsigned char*> blocks;
-  for (int64_t i = 0; i < 3 * kPerSlab; ++i) {
-    blocks.push_back(pool.Allocate(kBlock));
-    ASSERT_NE(blocks.back(), nullptr);
-    std::memset(blocks.back(), 1, kBlock);
-  }
+  std::vector<unsigned char*> blocks = WrittenBlocks(pool, 3 * kPerSlab);
+  ASSERT_EQ(static_cast<int64_t>(blocks.size()), 3 * kPerSlab);
   const unsigned char* first_slab = blocks.front();
   ASSERT_EQ(reinterpret_cast<uintptr_t>(first_slab) % kKvSlabBytes, 0u);
   EXPECT_GE(ResidentPages(first_slab, 3 * kKvSlabBytes), 3 * kPerSlab * kBlock / kPage);
@@ -152,12 +160,8 @@ TEST(KvBlockPoolTest, AKeptSlabGoesBackOnceAnotherHasRoom) {
 TEST(KvBlockPoolTest, IdleSlabsGoBackAtTheSecondLookThatFindsThemIdle) {
   KvBlockPool pool(64 << 20);
   pool.KeepIdleSlabs(true);
-  std::vector<unsigned char*> blocks;
-  for (int64_t i = 0; i < 3 * kPerSlab; ++i) {
-    blocks.push_back(pool.Allocate(kBlock));
-    ASSERT_NE(blocks.back(), nullptr);
-    std::memset(blocks.back(), 1, kBlock);
-  }
+  std::vector<unsigned char*> blocks = WrittenBlocks(pool, 3 * kPerSlab);
+  ASSERT_EQ(static_cast<int64_t>(blocks.size()), 3 * kPerSlab);
   const unsigned char* first_slab = blocks.front();
   ASSERT_EQ(reinterpret_cast<uintptr_t>(first_slab) % kKvSlabBytes, 0u);
   // The first two slabs emptied go idle; the last stays as its size's room.
@@ -186,12 +190,8 @@ TEST(KvBlockPoolTest, IdleSlabsGoBackAtTheSecondLookThatFindsThemIdle) {
 TEST(KvBlockPoolTest, ANewSlabIsAnIdleOneBeforeOneGivenBack) {
   KvBlockPool pool(64 << 20);
   pool.KeepIdleSlabs(true);
-  std::vector<unsigned char*> blocks;
-  for (int64_t i = 0; i < 3 * kPerSlab; ++i) {
-    blocks.push_back(pool.Allocate(kBlock));
-    ASSERT_NE(blocks.back(), nullptr);
-    std::memset(blocks.back(), 0xff, kBlock);
-  }
+  std::vector<unsigned char*> blocks = WrittenBlocks(pool, 3 * kPerSlab);
+  ASSERT_EQ(static_cast<int64_t>(blocks.size()), 3 * kPerSlab);
   unsigned char* first_slab = blocks.front();
   // The first slab emptied (kept as the room), then left idle as the second has room, goes back
   // after two looks; the second, emptied, goes idle as the third has room.
@@ -214,12 +214,8 @@ TEST(KvBlockPoolTest, ANewSlabIsAnIdleOneBeforeOneGivenBack) {
 TEST(KvBlockPoolTest, IdleSlabsGoBackWhenNoLongerKept) {
   KvBlockPool pool(64 << 20);
   pool.KeepIdleSlabs(true);
-  std::vector<unsigned char*> blocks;
-  for (int64_t i = 0; i < 2 * kPerSlab + 1; ++i) {
-    blocks.push_back(pool.Allocate(kBlock));
-    ASSERT_NE(blocks.back(), nullptr);
-    std::memset(blocks.back(), 1, kBlock);
-  }
+  std::vector<unsigned char*> blocks = WrittenBlocks(pool, 2 * kPerSlab + 1);
+  ASSERT_EQ(static_cast<int64_t>(blocks.size()), 2 * kPerSlab + 1);
   const unsigned char* first_slab = blocks.front();
   for (unsigned char* block : blocks) pool.Free(block, kBlock);
   EXPECT_EQ(pool.slab_bytes(), 3 * kKvSlabBytes);  // two idle, the third its size's room
