@@ -57,8 +57,8 @@ void AddLoadCommand(CLI::App& app, LoadFlags& f) {
       "bench", "Load-test: closed or open loop, sweeps, mixed workloads, JSON/CSV/HTML reports");
   AddCallFlags(load, f.call);
   load->add_option("--connections", f.connections,
-                   "Connections (channels) calls are spread over (--http: default, the calls in "
-                   "flight)")
+                   "Connections (channels) calls are spread over, 1 to 256 (--http: default, the "
+                   "calls in flight)")
       ->capture_default_str()
       ->each([&f](const std::string&) { f.connections_given = true; });
   load->add_flag("--http", f.http,

@@ -37,7 +37,7 @@ inline bool HttpOff(absl::string_view http_listen) {
 // Everything the server is configured with; main fills it from the command line.
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // HOST:PORT; port 0 picks a free port
-  std::string port_file;                 // when set, the bound HOST:PORT is written here
+  std::string port_file;                 // when set, the bound port is written here
   std::vector<ModelConfig> models;       // empty (and no repository): the demo layer, "demo"
   std::string model_repository;          // DIR/NAME/VERSION/model.safetensors; "" for none
   ControlMode model_control_mode = ControlMode::kNone;
