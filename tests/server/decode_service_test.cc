@@ -976,6 +976,41 @@ TEST_F(DecodeServiceTest, ALaterSequenceStepNamingAnotherKindOrVersionIsRefused)
   EndStreams({stream.get()});
 }
 
+// A sequence_start without a kind is causal_cross when it has a context tensor (else causal):
+// its rows are the causal cross session's, and a later step that names causal is refused.
+TEST_F(DecodeServiceTest, ASequenceStartWithAContextAndNoKindIsCausalCross) {
+  const std::vector<float> context = LongPrompt(6);
+  inference::ModelInferRequest start = SequenceRequest(sequence_, 0, 4, 62, true, false);
+  auto* input = start.add_inputs();
+  input->set_name("context");
+  input->set_datatype("FP32");
+  for (int64_t d : {int64_t{1}, int64_t{6}, kWidth}) input->add_shape(d);
+  start.add_raw_input_contents(
+      std::string(reinterpret_cast<const char*>(context.data()), context.size() * sizeof(float)));
+  inference::ModelInferResponse response;
+  const grpc::Status started = Infer(start, &response);
+  ASSERT_TRUE(started.ok()) << started.error_message();
+  const std::vector<float> got = RawOutput(response);
+  grpc::ClientContext stream_context;
+  std::unique_ptr<Stream> stream = Open(&stream_context);
+  v1::DecodeRequest first = Tokens(0, 4);
+  first.set_kind(v1::ATTENTION_KIND_CAUSAL_CROSS);
+  *first.mutable_context() = MakeTensor({1, 6, kWidth}, context, /*raw=*/true);
+  const std::vector<float> want = TensorValues(Exchange(*stream, first).output());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  inference::ModelInferRequest causal = SequenceRequest(sequence_, 4, 1, 62, false, true);
+  (*causal.mutable_parameters())["kind"].set_string_param("causal");
+  const grpc::Status refused = Infer(causal, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("kind differs"), std::string::npos)
+      << refused.error_message();
+  (*causal.mutable_parameters())["kind"].set_string_param("causal_cross");
+  const grpc::Status ended = Infer(causal, &response);
+  EXPECT_TRUE(ended.ok()) << ended.error_message();
+  EndStreams({stream.get()});
+}
+
 // Requests of one sequence sent without waiting for each other's answers run one at a time, in
 // the order they came (as Triton's sequence batcher takes them): a step that arrives while
 // another of its sequence runs waits for it, and the sequence then holds both.
@@ -1357,20 +1392,29 @@ TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheS
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   auto stream = infer->ModelStreamInfer(&context);
   inference::ModelStreamInferResponse response;
-  // No sequence_id: refused in the stream, which stays open.
+  // No sequence_id: refused in the stream, which stays open; each answer, refused or not,
+  // carries its request's id.
   inference::ModelInferRequest plain = SequenceRequest(sequence_, 0, 2, 1, true, false);
   plain.mutable_parameters()->erase("sequence_id");
+  plain.set_id("no-sequence");
   ASSERT_TRUE(stream->Write(plain));
   ASSERT_TRUE(stream->Read(&response));
   EXPECT_NE(response.error_message().find("sequence_id"), std::string::npos);
+  EXPECT_EQ(response.infer_response().id(), "no-sequence");
   // Unknown sequence without sequence_start: NOT_FOUND in the stream.
-  ASSERT_TRUE(stream->Write(SequenceRequest(sequence_, 0, 2, 99, false, false)));
+  inference::ModelInferRequest unknown = SequenceRequest(sequence_, 0, 2, 99, false, false);
+  unknown.set_id("unknown");
+  ASSERT_TRUE(stream->Write(unknown));
   ASSERT_TRUE(stream->Read(&response));
   EXPECT_NE(response.error_message().find("NOT_FOUND"), std::string::npos)
       << response.error_message();
-  ASSERT_TRUE(stream->Write(SequenceRequest(sequence_, 0, 3, 5, true, false)));
+  EXPECT_EQ(response.infer_response().id(), "unknown");
+  inference::ModelInferRequest start = SequenceRequest(sequence_, 0, 3, 5, true, false);
+  start.set_id("start");
+  ASSERT_TRUE(stream->Write(start));
   ASSERT_TRUE(stream->Read(&response));
   EXPECT_EQ(response.error_message(), "");
+  EXPECT_EQ(response.infer_response().id(), "start");
   EXPECT_EQ(RawOutput(response.infer_response()).size(), static_cast<size_t>(3 * kWidth));
   ASSERT_TRUE(stream->Write(SequenceRequest(sequence_, 3, 1, 5, false, true)));
   ASSERT_TRUE(stream->Read(&response));

@@ -169,7 +169,10 @@ void StreamInferCall::Answer(const absl::Status& status) {
     admission_->SessionMessageAnswered(step_ != nullptr ? step_->model() : request_.model_name(),
                                        status);
     if (!status.ok()) {
+      // The request's id, as on a success (and as Triton does), so that a client matching
+      // answers by id knows which request failed; empty when the message did not parse.
       response_.clear_infer_response();
+      response_.mutable_infer_response()->set_id(request_.id());
       response_.set_error_message(
           absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
     }
