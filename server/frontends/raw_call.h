@@ -36,15 +36,18 @@ bool ScanStringFields(grpc::ByteBuffer* bytes,
 // raw method's one answer to it.
 absl::Status MalformedBody(absl::string_view type_name);
 
-// Parses a raw stream's message `bytes` into `message`, releasing the bytes: MalformedBody when
-// they are not a `Message`. A typed stream cannot tell that apart from the client's end (gRPC
-// reports both as a failed read), so the streams read raw and answer a bad message in the stream.
+// Parses a raw stream's message `bytes` into `message`, releasing the bytes: MalformedBody (and
+// `message` empty, not half parsed) when they are not a `Message`. A typed stream cannot tell that
+// apart from the client's end (gRPC reports both as a failed read), so the streams read raw and
+// answer a bad message in the stream.
 template <typename Message>
 absl::Status ParseStreamMessage(grpc::ByteBuffer* bytes, Message* message) {
   grpc::ProtoBufferReader reader(bytes);
   const bool parsed = message->ParseFromZeroCopyStream(&reader);
   bytes->Clear();
-  return parsed ? absl::OkStatus() : MalformedBody(Message::descriptor()->full_name());
+  if (parsed) return absl::OkStatus();
+  message->Clear();
+  return MalformedBody(Message::descriptor()->full_name());
 }
 
 // Serializes `message` into `bytes` (replacing the last message written) for a raw stream's

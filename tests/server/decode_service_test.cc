@@ -1429,9 +1429,12 @@ TEST_F(DecodeServiceTest, ModelStreamInferCarriesSequencesAndAnswersErrorsInTheS
 // ends OK when the client closes it (gRPC's typed streams report a message that does not parse
 // as the client's end, which ended the stream OK and dropped the messages after it).
 TEST_F(DecodeServiceTest, AMessageThatDoesNotParseIsAnsweredInTheStreamAndChangesNothing) {
+  // The last: a ModelInferRequest's id (field 3), then a tag that never ends.
   const std::vector<std::string> garbage = {"\xff\xff\xff\xff not a protobuf at all",
                                             "\x0a\x7f"
-                                            "abc"};
+                                            "abc",
+                                            "\x1a\x03"
+                                            "abc\xff\xff\xff\xff"};
   std::shared_ptr<grpc::Channel> channel = Connect(server_->port());
   {
     RawStream stream(channel.get(), "/attnserve.v1.AttentionService/Decode");
@@ -1478,6 +1481,7 @@ TEST_F(DecodeServiceTest, AMessageThatDoesNotParseIsAnsweredInTheStreamAndChange
               "INVALID_ARGUMENT: the request body is not a valid inference.ModelInferRequest"),
           std::string::npos)
           << response.error_message();
+      EXPECT_EQ(response.infer_response().id(), "") << "an id from a message that did not parse";
     }
     ASSERT_TRUE(stream.Exchange(
         SequenceRequest(sequence_, 3, 1, 5, false, true).SerializeAsString(), &reply));
@@ -1488,11 +1492,11 @@ TEST_F(DecodeServiceTest, AMessageThatDoesNotParseIsAnsweredInTheStreamAndChange
   }
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
   // Every message is counted, by the model of its session (a message before any session, that
-  // names no model: ""): 2 + 2 taken, 2 malformed in demo's Decode session, 1 before it and 2
+  // names no model: ""): 2 + 2 taken, 3 malformed in demo's Decode session, 1 before it and 3
   // on ModelStreamInfer (whose model is in the message).
   EXPECT_EQ(SessionMessages("demo", "OK"), 4);
-  EXPECT_EQ(SessionMessages("demo", "INVALID_ARGUMENT"), 2);
-  EXPECT_EQ(SessionMessages("", "INVALID_ARGUMENT"), 3);
+  EXPECT_EQ(SessionMessages("demo", "INVALID_ARGUMENT"), 3);
+  EXPECT_EQ(SessionMessages("", "INVALID_ARGUMENT"), 4);
 }
 
 // A causal cross first message whose context is refused, for a negative length or for more than
