@@ -4,10 +4,12 @@ ListModels streams, past the server's advertised limit of concurrent streams, ea
 or reset at once (--reset, as CVE-2023-44487's "rapid reset"). It reads nothing while it sends,
 then reads what comes back until --drain seconds pass without a byte, and counts the streams the
 server ended, the streams it reset and its GOAWAY. With --pid, the server's resident memory and
-CPU are printed every 2 s until both have stood still for 6 s.
+CPU are printed every 2 s until both have stood still for 6 s. With --ack, the flood first
+acknowledges the server's SETTINGS (its limit of concurrent streams among them), as a
+well-behaved client does.
 
   /usr/bin/python3 tests/bench/stream_flood.py 127.0.0.1:50051 --streams 100000 [--reset]
-      [--drain 25] [--pid SERVER_PID]
+      [--ack] [--drain 25] [--pid SERVER_PID]
 
 Against attnserve itself, and against nginx in front of it (deploy/nginx/attnserve.conf).
 Needs Debian's python3-hyperframe and python3-hpack (python3-h2 brings both).
@@ -113,6 +115,8 @@ def main():
     parser.add_argument("target", help="HOST:PORT, plaintext gRPC")
     parser.add_argument("--streams", type=int, default=100000)
     parser.add_argument("--reset", action="store_true", help="reset each stream at once")
+    parser.add_argument("--ack", action="store_true",
+                        help="acknowledge the server's SETTINGS before the flood")
     parser.add_argument("--drain", type=float, default=25, help="seconds to read answers")
     parser.add_argument("--pid", type=int, help="the server's pid, to watch its memory")
     args = parser.parse_args()
@@ -124,9 +128,10 @@ def main():
         watcher.start()
     sock = socket.create_connection((host, int(port)))
     # No flow-control stalls on our side: the window is as large as HTTP/2 allows.
+    # The server's SETTINGS come first on the connection: an ACK sent blind acknowledges them.
     sock.sendall(PREFACE + SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 30})
                  .serialize() + WindowUpdateFrame(0, window_increment=(1 << 31) - 1 - 65535)
-                 .serialize())
+                 .serialize() + (SettingsFrame(0, flags=["ACK"]).serialize() if args.ack else b""))
     began = time.monotonic()
     sent = flood(sock, args.target, args.streams, args.reset)
     print(f"sent {sent} streams ({'reset' if args.reset else 'whole'}) in "
