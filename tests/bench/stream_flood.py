@@ -12,7 +12,8 @@ well-behaved client does.
       [--ack] [--drain 25] [--pid SERVER_PID]
 
 Against attnserve itself, and against nginx in front of it (deploy/nginx/attnserve.conf).
-Needs Debian's python3-hyperframe and python3-hpack (python3-h2 brings both).
+Needs Debian's python3-hyperframe and python3-hpack (python3-h2 brings both), and what
+serving_load.py imports (python3-grpcio, python3-numpy), whose reading of a process's CPU it uses.
 """
 
 import argparse
@@ -21,8 +22,10 @@ import threading
 import time
 
 from hpack import Encoder
-from hyperframe.frame import (DataFrame, Frame, HeadersFrame, RstStreamFrame, SettingsFrame,
-                              WindowUpdateFrame)
+from hyperframe.frame import (DataFrame, Frame, GoAwayFrame, HeadersFrame, RstStreamFrame,
+                              SettingsFrame, WindowUpdateFrame)
+
+from serving_load import cpu_seconds
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 CANCEL = 0x8
@@ -80,7 +83,7 @@ def count_frames(received):
             ended.add(frame.stream_id)
         elif isinstance(frame, RstStreamFrame):
             resets += 1
-        elif frame.type == 0x7:
+        elif isinstance(frame, GoAwayFrame):
             goaway = (frame.last_stream_id, frame.error_code)
     return len(ended), resets, goaway
 
@@ -88,20 +91,15 @@ def count_frames(received):
 def watch(pid, stop):
     """Prints the server's RSS and CPU every 2 s until `stop` is set and both stood still for
     6 s."""
-    ticks = 0
-    start = time.monotonic()
+    start, start_cpu = time.monotonic(), cpu_seconds(pid)
     still = 0
     last = None
     while True:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
         with open(f"/proc/{pid}/status") as f:
             rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
-        cpu = (int(fields[11]) + int(fields[12])) / 100
-        if ticks == 0:
-            ticks = cpu
-        print(f"  {time.monotonic() - start:5.1f} s: server RSS {rss >> 10} MiB, "
-              f"CPU {cpu - ticks:.1f} s", flush=True)
+        cpu = cpu_seconds(pid) - start_cpu
+        print(f"  {time.monotonic() - start:5.1f} s: server RSS {rss >> 10} MiB, CPU {cpu:.1f} s",
+              flush=True)
         now = (rss >> 10, round(cpu, 1))
         still = still + 1 if now == last else 0
         last = now

@@ -981,12 +981,7 @@ TEST_F(DecodeServiceTest, ALaterSequenceStepNamingAnotherKindOrVersionIsRefused)
 TEST_F(DecodeServiceTest, ASequenceStartWithAContextAndNoKindIsCausalCross) {
   const std::vector<float> context = LongPrompt(6);
   inference::ModelInferRequest start = SequenceRequest(sequence_, 0, 4, 62, true, false);
-  auto* input = start.add_inputs();
-  input->set_name("context");
-  input->set_datatype("FP32");
-  for (int64_t d : {int64_t{1}, int64_t{6}, kWidth}) input->add_shape(d);
-  start.add_raw_input_contents(
-      std::string(reinterpret_cast<const char*>(context.data()), context.size() * sizeof(float)));
+  AddRawInput(&start, "context", {1, 6, kWidth}, context.data());
   inference::ModelInferResponse response;
   const grpc::Status started = Infer(start, &response);
   ASSERT_TRUE(started.ok()) << started.error_message();

@@ -192,17 +192,26 @@ std::shared_ptr<grpc::Channel> Connect(int port) {
                                    grpc::InsecureChannelCredentials(), args);
 }
 
+void AddRawInput(inference::ModelInferRequest* request, const std::string& name,
+                 const std::vector<int64_t>& shape, const float* values) {
+  auto* input = request->add_inputs();
+  input->set_name(name);
+  input->set_datatype("FP32");
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    input->add_shape(d);
+    count *= d;
+  }
+  request->add_raw_input_contents(
+      std::string(reinterpret_cast<const char*>(values), count * sizeof(float)));
+}
+
 inference::ModelInferRequest SequenceStepRequest(const std::string& model, const float* rows,
                                                  int64_t n, int64_t width, uint64_t id, bool start,
                                                  bool end) {
   inference::ModelInferRequest request;
   request.set_model_name(model);
-  auto* input = request.add_inputs();
-  input->set_name("input");
-  input->set_datatype("FP32");
-  for (int64_t d : {int64_t{1}, n, width}) input->add_shape(d);
-  request.add_raw_input_contents(
-      std::string(reinterpret_cast<const char*>(rows), n * width * sizeof(float)));
+  AddRawInput(&request, "input", {1, n, width}, rows);
   (*request.mutable_parameters())["sequence_id"].set_uint64_param(id);
   if (start) (*request.mutable_parameters())["sequence_start"].set_bool_param(true);
   if (end) (*request.mutable_parameters())["sequence_end"].set_bool_param(true);

@@ -47,6 +47,11 @@ v1::ForwardRequest DemoRequest(int64_t batch, int64_t seq,
 // The floats of `tensor`, whichever encoding it uses.
 std::vector<float> TensorValues(const v1::Tensor& tensor);
 
+// Adds an FP32 input `name` of `shape` to `request`, its values from `values` as the request's
+// next raw_input_contents (every input of such a request raw).
+void AddRawInput(inference::ModelInferRequest* request, const std::string& name,
+                 const std::vector<int64_t>& shape, const float* values);
+
 // A ModelInfer request appending `n` rows of `width` floats from `rows` ([1, n, width], raw) to
 // sequence `id` of `model` ("" for the only model), with Triton's sequence parameters.
 inference::ModelInferRequest SequenceStepRequest(const std::string& model, const float* rows,
