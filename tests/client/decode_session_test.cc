@@ -3,7 +3,6 @@
 #include "client/decode_session.h"
 
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -16,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/client/process.h"
 #include "tests/client/shared_server.h"
+#include "tests/common/all_near.h"
 
 namespace attnserve::test {
 namespace {
@@ -57,11 +57,7 @@ FloatArray ForwardWhole(const AttentionClient& c, const FloatArray& sequence) {
 
 void ExpectNear(const FloatArray& got, const FloatArray& want, const std::string& what) {
   ASSERT_EQ(got.shape, want.shape) << what;
-  double worst = 0;
-  for (size_t i = 0; i < got.values.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::abs(got.values[i] - want.values[i])));
-  }
-  EXPECT_LT(worst, 1e-4) << what;
+  EXPECT_TRUE(AllNear(got.values, want.values, 1e-4, what));
 }
 
 // Options with one field changed (designated initializers would warn about the others).

@@ -5,7 +5,6 @@
 #include "tests/common/golden.h"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,10 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "core/layer.h"
 #include "gtest/gtest.h"
+#include "tests/common/all_near.h"
 
 namespace attnserve::core {
 namespace {
 
+using test::AllNear;
 using test::GoldenBatch;
 using test::GoldenCase;
 
@@ -99,25 +100,6 @@ ForwardArgs PaddedArgs(const GoldenCase& c, bool return_attention) {
   if (c.context) args.context = PaddedView(*c.context);
   args.return_attention = return_attention;
   return args;
-}
-
-// |actual - expected| <= tolerance everywhere (NaN fails), reporting the worst entry.
-testing::AssertionResult AllNear(const float* actual, const float* expected, int64_t size,
-                                 float tolerance, const std::string& what) {
-  double worst = 0.0;
-  int64_t worst_at = -1;
-  for (int64_t i = 0; i < size; ++i) {
-    double diff = std::fabs(static_cast<double>(actual[i]) - expected[i]);
-    if (std::isnan(diff)) diff = INFINITY;
-    if (worst_at < 0 || diff > worst) {
-      worst = diff;
-      worst_at = i;
-    }
-  }
-  if (worst_at < 0 || worst <= tolerance) return testing::AssertionSuccess();
-  return testing::AssertionFailure()
-         << what << ": max |diff| " << worst << " at flat index " << worst_at << " (got "
-         << actual[worst_at] << ", expected " << expected[worst_at] << ")";
 }
 
 // Checks the stored output rows of `c` against a padded output.

@@ -17,6 +17,7 @@
 #include "core/dnnl_context.h"
 #include "core/layer_limits.h"
 #include "gtest/gtest.h"
+#include "tests/common/all_near.h"
 #include "tests/common/golden.h"
 
 namespace attnserve::core {
@@ -436,7 +437,7 @@ TEST_F(LayerTest, LongSequencesAgreeAcrossLayouts) {
   ForwardArgs padded = packed;
   padded.input = Padded(padded_data, d_, {1000, 500}, 1000);
   const std::vector<float> out_padded = Run(padded);
-  for (int64_t i = 0; i < 1500 * d_; ++i) ASSERT_NEAR(out_packed[i], out_padded[i], 1e-5) << i;
+  ASSERT_TRUE(test::AllNear(out_packed.data(), out_padded.data(), 1500 * d_, 1e-5));
   for (int64_t i = 1500 * d_; i < 2000 * d_; ++i) ASSERT_EQ(out_padded[i], 0.0f);
 }
 
@@ -451,7 +452,8 @@ TEST_F(LayerTest, RuntimeRowPathAgreesWithBuckets) {
   ForwardArgs small = big;
   small.input.lengths.resize(3);
   const std::vector<float> out_small = Run(small);
-  for (size_t i = 0; i < out_small.size(); ++i) ASSERT_NEAR(out_big[i], out_small[i], 1e-5) << i;
+  ASSERT_TRUE(test::AllNear(out_big.data(), out_small.data(),
+                            static_cast<int64_t>(out_small.size()), 1e-5));
 }
 
 TEST_F(LayerTest, Bf16StaysNearF32) {
@@ -461,7 +463,7 @@ TEST_F(LayerTest, Bf16StaysNearF32) {
     const std::vector<float> f32 = Run(args);
     std::vector<float> out(f32.size());
     ASSERT_TRUE((*bf16)->Forward(args, out).ok());
-    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], f32[i], 1e-2) << i;
+    ASSERT_TRUE(test::AllNear(out, f32, 1e-2));
   }
 }
 

@@ -20,10 +20,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/kv_block_pool.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/base/heap_trimmer.h"
+#include "tests/common/all_near.h"
 #include "tests/common/golden.h"
 #include "tests/common/sanitizers.h"
 #include "tests/server/scrape.h"
@@ -130,11 +132,9 @@ TEST_F(GoldenDecodeTest, EveryStepEqualsPyTorchsRowsOfTheWholeSequence) {
       for (int64_t b = 0; b < batch; ++b) {
         for (int64_t t = 0; t < tokens[b]; ++t) {
           const int64_t row = b * c.input.seq_len + position[b] + t;
-          for (int64_t k = 0; k < c.d_output; ++k) {
-            ASSERT_NEAR(output[(b * n + t) * c.d_output + k],
-                        c.expected_output[row * c.d_output + k], 1e-4f)
-                << "sequence " << b << " position " << position[b] + t;
-          }
+          ASSERT_TRUE(test::AllNear(output.data() + (b * n + t) * c.d_output,
+                                    c.expected_output.data() + row * c.d_output, c.d_output, 1e-4f,
+                                    absl::StrCat("sequence ", b, " position ", position[b] + t)));
         }
         position[b] += tokens[b];
         EXPECT_EQ(response.positions(b), position[b]);
@@ -336,8 +336,7 @@ TEST_F(DecodeServiceTest, StepsEqualOneForwardOverTheWholeSequence) {
   grpc::ClientContext forward_context;
   ASSERT_TRUE(stub_->Forward(&forward_context, whole, &forward).ok());
   const std::vector<float> want = TensorValues(forward.output());
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
 }
@@ -857,8 +856,7 @@ TEST_F(DecodeServiceTest, ASequenceThroughModelInferEqualsTheDecodeStream) {
   v1::DecodeRequest first = Tokens(0, 14);
   first.set_kind(v1::ATTENTION_KIND_CAUSAL);
   const std::vector<float> want = TensorValues(Exchange(*stream, first).output());
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
   // sequence_end ended it: the id is unknown now, and the error names it.
@@ -917,8 +915,7 @@ TEST_F(DecodeServiceTest, AStepWhoseOutputOverflowsFloat32IsRefusedAndChangesNot
   EXPECT_EQ(next.positions(0), 5);
   const std::vector<float> got = TensorValues(next.output());
   const std::vector<float> want = RowOfTheSequence(4);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(SessionMessages("demo", "INVALID_ARGUMENT"), 2);
@@ -933,8 +930,7 @@ TEST_F(DecodeServiceTest, AStepWhoseOutputOverflowsFloat32IsRefusedAndChangesNot
   const grpc::Status status = Infer(SequenceRequest(sequence_, 4, 1, 9, false, true), &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   const std::vector<float> row = RawOutput(response);
-  ASSERT_EQ(row.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(row[i], want[i], 1e-4f) << i;
+  ASSERT_TRUE(test::AllNear(row, want, 1e-4f));
   double bytes = 1;
   for (int i = 0; i < 500 && bytes != 0; ++i) {
     bytes = Gauge("attnserve_kv_cache_bytes");
@@ -972,7 +968,7 @@ TEST_F(DecodeServiceTest, ALaterSequenceStepNamingAnotherKindOrVersionIsRefused)
   const std::vector<float> want = TensorValues(Exchange(*stream, whole).output());
   const std::vector<float> got = RawOutput(response);
   ASSERT_EQ(got.size(), static_cast<size_t>(kWidth));
-  for (int64_t k = 0; k < kWidth; ++k) ASSERT_NEAR(got[k], want[4 * kWidth + k], 1e-4f) << k;
+  ASSERT_TRUE(test::AllNear(got.data(), want.data() + 4 * kWidth, kWidth, 1e-4f));
   EndStreams({stream.get()});
 }
 
@@ -992,8 +988,7 @@ TEST_F(DecodeServiceTest, ASequenceStartWithAContextAndNoKindIsCausalCross) {
   first.set_kind(v1::ATTENTION_KIND_CAUSAL_CROSS);
   *first.mutable_context() = MakeTensor({1, 6, kWidth}, context, /*raw=*/true);
   const std::vector<float> want = TensorValues(Exchange(*stream, first).output());
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
   inference::ModelInferRequest causal = SequenceRequest(sequence_, 4, 1, 62, false, true);
   (*causal.mutable_parameters())["kind"].set_string_param("causal");
   const grpc::Status refused = Infer(causal, &response);
@@ -1092,9 +1087,8 @@ TEST_F(DecodeServiceTest, AStepWhoseCallerLeavesWhileItWaitsIsTakenBack) {
   ASSERT_TRUE(long_status.ok()) << long_status.error_message();
   ASSERT_TRUE(Infer(SequenceRequest(prompt, kLong + 4, 1, 11, false, true), &response).ok());
   const std::vector<float> got = RawOutput(response);
-  ASSERT_EQ(got.size(), want.size());
   // One more token among 10,000 moves this row by about 1e-5; f32 rounding, by 1e-8.
-  for (size_t k = 0; k < want.size(); ++k) ASSERT_NEAR(got[k], want[k], 1e-6f) << k;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-6f));
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
@@ -1200,8 +1194,7 @@ TEST_F(DecodeServiceTest, ASequenceStartTakesTheIdOverOnlyOnceItsStepIsTaken) {
   // Its output is the row of the new session's sixth token: it held 5 before.
   const std::vector<float> want = RowOfTheSequence(5);
   const std::vector<float> got = RawOutput(response);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t k = 0; k < want.size(); ++k) ASSERT_NEAR(got[k], want[k], 1e-4f) << k;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
@@ -1231,8 +1224,7 @@ TEST_F(DecodeServiceTest, AStepWaitingOnASessionThatARestartReplacedIsNotFound) 
   ASSERT_TRUE(Infer(SequenceRequest(sequence_, 4, 1, 9, false, true), &response).ok());
   const std::vector<float> want = RowOfTheSequence(4);
   const std::vector<float> got = RawOutput(response);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t k = 0; k < want.size(); ++k) ASSERT_NEAR(got[k], want[k], 1e-4f) << k;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
@@ -1253,8 +1245,7 @@ TEST_F(DecodeServiceTest, ARestartIsNotRefusedWhenEverySessionIsOpen) {
   const std::vector<float> got = RawOutput(response);
   ASSERT_TRUE(Infer(SequenceRequest(sequence_, 2, 1, 2, false, true), &response).ok());
   const std::vector<float> want = RowOfTheSequence(4);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t k = 0; k < want.size(); ++k) ASSERT_NEAR(got[k], want[k], 1e-4f) << k;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
   EXPECT_EQ(Gauge("attnserve_sessions"), 0);
 }
 
@@ -1620,8 +1611,7 @@ TEST_F(DecodeServiceTest, ALongRequestIdDoesNotHideTheSequenceParameters) {
   // The step's row is the 11th of the sequence, not the first of a call of its own.
   const std::vector<float> want = RowOfTheSequence(10);
   const std::vector<float> got = RawOutput(response);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
 }
 
 // Each model has its own sequence ids: sequence 7 of one model is not sequence 7 of another.

@@ -42,6 +42,7 @@
 #include "server/frontends/http/http_status.h"
 #include "server/frontends/oip/inference_service.h"
 #include "server/serving/too_large.h"
+#include "tests/common/all_near.h"
 #include "tests/common/certificates.h"
 #include "tests/server/http_client.h"
 #include "tests/server/scrape.h"
@@ -519,10 +520,7 @@ TEST_F(HttpTest, SequenceStepsAreASessionsSteps) {
     got.insert(got.end(), output.begin(), output.end());
     row += steps[i];
   }
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], 1e-5f) << "token " << i / kWidth << " element " << i % kWidth;
-  }
+  ASSERT_TRUE(test::AllNear(got, want, 1e-5f));
 
   const auto [ended, headers] = SequenceStepBody(values, 0, 1, "rest-sequence", false, false);
   const HttpReply gone = Infer(ended, headers);
@@ -714,10 +712,9 @@ TEST(HttpSequenceDeadlineTest, StepsPastTheirDeadlineAre504AndAWaitingOneIsTaken
   EXPECT_EQ(messages("DEADLINE_EXCEEDED"), 1);
   const std::vector<float> got_row = RestOutputs(got).at("output").second;
   const std::vector<float> want_row = RestOutputs(want).at("output").second;
-  ASSERT_EQ(got_row.size(), static_cast<size_t>(kWidth));
   ASSERT_EQ(want_row.size(), static_cast<size_t>(kWidth));
   // One more token among 10,000 moves this row by about 1e-5; f32 rounding, by 1e-8.
-  for (int k = 0; k < kWidth; ++k) ASSERT_NEAR(got_row[k], want_row[k], 1e-6f) << k;
+  ASSERT_TRUE(test::AllNear(got_row, want_row, 1e-6f));
 }
 
 // A server whose messages are limited to 1 MiB, and its infer URL.

@@ -40,6 +40,7 @@
 #include "server/serving/call_reporter.h"
 #include "server/serving/model_registry.h"
 #include "server/transport/admin_auth.h"
+#include "tests/common/all_near.h"
 #include "tests/common/golden.h"
 #include "tests/common/safetensors_writer.h"
 #include "tests/common/temp_dir.h"
@@ -556,8 +557,7 @@ TEST(RepositoryTest, ADecodeSessionFinishesOnItsVersionAcrossASwap) {
   got.insert(got.end(), rest.begin(), rest.end());
   // Version 1's own causal forward over the 14 tokens, computed here.
   const std::vector<float> want = Expected(kWeightsA, 14, 0, core::AttentionKind::kCausal);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
   // A session opened now is on version 2: its first rows differ.
   grpc::ClientContext new_context;
   auto new_session = stub->Decode(&new_context);
@@ -611,8 +611,7 @@ TEST(RepositoryTest, ASequenceThatNamesNoModelGoesOnWhenTheModelsChange) {
   ASSERT_TRUE(status.ok()) << "with its model unloaded: " << status.error_message();
   // The six rows are model a's causal forward over the six tokens, computed here.
   const std::vector<float> want = Expected(kWeightsA, 6, 0, core::AttentionKind::kCausal);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  ASSERT_TRUE(test::AllNear(got, want, 1e-4f));
   // Its sequence ended, a step naming no model goes to the only model, b: id 3 is unknown there.
   EXPECT_EQ(step(0, 1, false, false).error_code(), grpc::StatusCode::NOT_FOUND);
 }
