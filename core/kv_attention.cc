@@ -100,6 +100,16 @@ inline float Widen(uint16_t x) {
   x = p * two_n;
 }
 
+// The online softmax's rescale of what a head has summed when a block raises its maximum from
+// `running_max` to `block_max`: e^(running_max - block_max). Past the first few blocks the
+// maximum seldom moves, and e^0 is 1 exactly, so std::exp's call is saved there: the f32
+// kernel's attention took a fifth less time with the keys in the CPU's caches (4 sequences at
+// 576 cached, one thread), a few percent less from memory; the bf16 kernel, whose heads'
+// exponentials overlap their products, no different.
+[[gnu::always_inline]] inline float Correction(float running_max, float block_max) {
+  return running_max == block_max ? 1.0f : std::exp(running_max - block_max);
+}
+
 // Elements of one head's keys in a block: bf16 keys pair dimensions, an odd last one padded.
 template <typename T>
 constexpr int64_t KeyElements(int64_t head_dim) {
@@ -254,7 +264,7 @@ template <typename T>
   // Rows past the visible ones hold whatever the block holds there: never used, but kept
   // finite for the exponential.
   for (int64_t r = rows; r < kKvBlockTokens; ++r) scores[r] = block_max;
-  const float correction = std::exp(state.running_max - block_max);
+  const float correction = Correction(state.running_max, block_max);
   state.running_max = block_max;
   alignas(64) float weights[kKvBlockTokens];
   Floats16 exps = scores - block_max;
@@ -538,7 +548,7 @@ ATTNSERVE_KV_BF16DOT void AttendTileBf16Dot(const KvQuery* queries, int64_t coun
         for (int64_t h = 0; h < n; ++h) {
           const float block_max =
               std::max(state[h].running_max, _mm512_mask_reduce_max_ps(lanes, scores[h]));
-          corrections[h] = std::exp(state[h].running_max - block_max);
+          corrections[h] = Correction(state[h].running_max, block_max);
           state[h].running_max = block_max;
           // Rows past the visible ones hold whatever the block holds there: weighted 0.
           Floats16 exps =
