@@ -38,8 +38,8 @@ inline ::testing::AssertionResult AllNear(const std::vector<float>& actual,
                                           const std::vector<float>& expected, double tolerance,
                                           std::string_view what = "values") {
   if (actual.size() != expected.size()) {
-    return ::testing::AssertionFailure() << what << ": " << actual.size() << " values, expected "
-                                         << expected.size();
+    return ::testing::AssertionFailure()
+           << what << ": " << actual.size() << " values, expected " << expected.size();
   }
   return AllNear(actual.data(), expected.data(), static_cast<int64_t>(actual.size()), tolerance,
                  what);
