@@ -103,9 +103,9 @@ inline float Widen(uint16_t x) {
 // The online softmax's rescale of what a head has summed when a block raises its maximum from
 // `running_max` to `block_max`: e^(running_max - block_max). Past the first few blocks the
 // maximum seldom moves, and e^0 is 1 exactly, so std::exp's call is saved there: the f32
-// kernel's attention took a fifth less time with the keys in the CPU's caches (4 sequences at
-// 576 cached, one thread), a few percent less from memory; the bf16 kernel, whose heads'
-// exponentials overlap their products, no different.
+// kernel's attention took 0.19-0.20 ms instead of 0.25-0.30 with the keys in the CPU's caches
+// (4 sequences at 576 cached, one thread), a few percent less from memory; the bf16 kernel,
+// whose heads' exponentials overlap their products, no different.
 [[gnu::always_inline]] inline float Correction(float running_max, float block_max) {
   return running_max == block_max ? 1.0f : std::exp(running_max - block_max);
 }
