@@ -815,14 +815,17 @@ TEST(HttpBodyBudgetTest, BodiesHeldAtOnceAreBoundedAndTheRoomComesBack) {
   ASSERT_GE(stalled, 0);
   const std::string part = head + std::string(600000, ' ');
   ASSERT_EQ(SendAll(stalled, part), part.size());
-  // Another 700 KB body: 503 once the stalled one holds its room (400 before: read, not JSON).
-  // Declared alone, the 900 KB hold nothing: else the stalled body would not fit.
-  const std::string other = head + std::string(700000, ' ');
-  std::string refused;
-  EXPECT_TRUE(WaitFor([&] {
-    refused = RawExchange(port, other, std::chrono::seconds(1));
-    return RawStatus(refused) == 503;
-  })) << refused.substr(0, 300);
+  // Sent is not yet read: a body probing the room before the server has read the stalled one
+  // would take the room first, and the stalled request would be the one refused.
+  constexpr int64_t kOther = 700000;
+  const std::string other = head + std::string(kOther, ' ');
+  const int64_t room = options.http_bodies_mib << 20;
+  ASSERT_TRUE(WaitFor([&] { return server->http_body_bytes() + kOther > room; }))
+      << "the server holds " << server->http_body_bytes() << " bytes";
+  // Another 700 KB body: 503 (400 once read whole: not JSON). Declared alone, the 900 KB hold
+  // nothing: else the stalled body would not fit.
+  const std::string refused = RawExchange(port, other, std::chrono::seconds(5));
+  EXPECT_EQ(RawStatus(refused), 503) << refused.substr(0, 300);
   EXPECT_NE(refused.find("--http-bodies-mib"), std::string::npos) << refused.substr(0, 300);
   const std::string url = absl::StrCat("http://127.0.0.1:", port, "/v2/models/demo/infer");
   const Call small{{Tensor{"input", "FP32", {1, 2, kWidth}, Wave(2 * kWidth), {}}}};
@@ -835,6 +838,9 @@ TEST(HttpBodyBudgetTest, BodiesHeldAtOnceAreBoundedAndTheRoomComesBack) {
     taken = RawExchange(port, other, std::chrono::seconds(1));
     return RawStatus(taken) == 400;
   })) << taken.substr(0, 300);
+  // Every body read has given its room back; the declared one never took any.
+  EXPECT_TRUE(WaitFor([&] { return server->http_body_bytes() == 0; }))
+      << "the server holds " << server->http_body_bytes() << " bytes";
   close(declared_only);
 }
 
