@@ -88,7 +88,7 @@ class KvBlockPool {
     int64_t live = 0;  // blocks handed out
     // Its free blocks, the next one handed out last. Its capacity holds every block of the
     // slab, so that Free never allocates.
-    std::vector<int32_t> free;
+    std::vector<int32_t> free{};
   };
   // The slabs of one block size with a free block: a bit per slab of the region, so that the
   // lowest is found first (new blocks fill the lowest slabs, so that the highest empty first)

@@ -108,7 +108,9 @@ TEST(KvBlockPoolTest, ABlocksPagesArePresentBeforeItIsWritten) {
   // Its pages, not its slab's: no fault when the step writes it, no memory for blocks not given
   // (unless transparent huge pages are always on: the slab is then one page).
   EXPECT_EQ(ResidentPages(block, kBlock), kBlock / kPage);
-  if (!HugePagesAlways()) EXPECT_EQ(ResidentPages(block + kBlock, kKvSlabBytes - kBlock), 0);
+  if (!HugePagesAlways()) {
+    EXPECT_EQ(ResidentPages(block + kBlock, kKvSlabBytes - kBlock), 0);
+  }
   unsigned char* next = pool.Allocate(kBlock);
   ASSERT_NE(next, nullptr);
   EXPECT_EQ(ResidentPages(block, 2 * kBlock), 2 * kBlock / kPage);

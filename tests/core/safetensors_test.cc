@@ -487,7 +487,7 @@ TEST_F(SafetensorsTest, BoundsDimensionsTensorsAndMetadataEntries) {
 
   // 16384 empty tensors are read; one more is refused.
   std::string many = "{" + entry("t0", "0", 0);
-  for (int i = 1; i < 16384; ++i) many += "," + entry(absl::StrCat("t", i), "0", 0);
+  for (int i = 1; i < 16384; ++i) absl::StrAppend(&many, ",", entry(absl::StrCat("t", i), "0", 0));
   absl::StatusOr<SafetensorsFile> most = ReadHeader(many + "}", 0);
   ASSERT_TRUE(most.ok()) << most.status();
   EXPECT_EQ(most->tensors.size(), 16384u);

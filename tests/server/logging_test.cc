@@ -131,7 +131,8 @@ TEST_F(LoggingTest, TextValuesWithControlCodesOrInvalidUtf8AreQuotedAndEscaped) 
 // A call naming no model the server has is logged with the name it sent (clipped), though its
 // metrics count it under "" (a client's text is never a label).
 TEST_F(LoggingTest, ACallToAnUnknownModelIsLoggedWithTheNameItSent) {
-  std::unique_ptr<Server> server = StartServer(ServerOptions{});
+  const ServerOptions options;  // the built-in demo model
+  std::unique_ptr<Server> server = StartServer(options);
   ASSERT_NE(server, nullptr);
   InitLogging(LogLevel::kInfo, LogFormat::kJson);  // after StartServer's (quiet) set-up
   ::testing::internal::CaptureStderr();
