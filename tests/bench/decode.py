@@ -337,14 +337,15 @@ def cpu_ratio(server, bench, model, quick):
     """Server CPU per 1-token streamed step / per unary 1x1 Forward, 1 and 16 in flight, with the
     load tester as the client. Each session steps 128 times (its cache stays short: the step's
     attention costs next to nothing), and the Forward calls are as many as the messages of the
-    sessions (prompt and steps). Steps and calls alternate three times (once with --quick), each
-    measure over at least ~2000 messages a rep (/proc counts CPU in 10 ms ticks); the medians are
-    printed."""
+    sessions (prompt and steps), sent by as many runs of the load tester (each opens its own
+    connection, whose setup the server pays either way). Steps and calls alternate three times
+    (once with --quick), each measure over at least ~4000 messages a rep (/proc counts CPU in
+    10 ms ticks); the medians are printed."""
     rows = {}
     reps = 1 if quick else 3
     steps = 128
     for in_flight in IN_FLIGHT:
-        runs = (4 if quick else 16) if in_flight == 1 else (1 if quick else 8)
+        runs = (4 if quick else 32) if in_flight == 1 else (1 if quick else 8)
         step_cpus, forward_cpus = [], []
         for _ in range(reps):
             before = server.cpu_seconds()
@@ -353,10 +354,12 @@ def cpu_ratio(server, bench, model, quick):
                 messages += bench.decode(model, in_flight, 1, 1, steps)["sent"]
             step_cpus.append((server.cpu_seconds() - before) / messages)
             before = server.cpu_seconds()
-            r = bench.run("--model", model, "--kind", "causal", "--random", "1,1", "--requests",
-                          messages, "--duration", 0, "-c", in_flight, "--warmup-seconds", 0,
-                          "--warmup", 0)
-            forward_cpus.append((server.cpu_seconds() - before) / r["ok"])
+            calls = 0
+            for _ in range(runs):  # as many client processes (and connections) as the sessions'
+                calls += bench.run("--model", model, "--kind", "causal", "--random", "1,1",
+                                   "--requests", messages // runs, "--duration", 0, "-c",
+                                   in_flight, "--warmup-seconds", 0, "--warmup", 0)["ok"]
+            forward_cpus.append((server.cpu_seconds() - before) / calls)
         step_cpu, forward_cpu = median(step_cpus), median(forward_cpus)
         rows[in_flight] = step_cpu, forward_cpu
         print(f"  load tester, {in_flight:2d} in flight: {step_cpu * 1e6:.1f} us per streamed "
