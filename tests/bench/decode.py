@@ -341,6 +341,13 @@ def cpu_ratio(server, bench, model, quick):
     connection, whose setup the server pays either way). Steps and calls alternate three times
     (once with --quick), each measure over at least ~4000 messages a rep (/proc counts CPU in
     10 ms ticks); the medians are printed."""
+    def per_message(runs, one_run):
+        """Server CPU per message over `runs` runs of the load tester, and the messages (one_run
+        runs it once and returns the messages it sent)."""
+        before = server.cpu_seconds()
+        messages = sum(one_run() for _ in range(runs))
+        return (server.cpu_seconds() - before) / messages, messages
+
     rows = {}
     reps = 1 if quick else 3
     steps = 128
@@ -348,18 +355,13 @@ def cpu_ratio(server, bench, model, quick):
         runs = (4 if quick else 32) if in_flight == 1 else (1 if quick else 8)
         step_cpus, forward_cpus = [], []
         for _ in range(reps):
-            before = server.cpu_seconds()
-            messages = 0
-            for _ in range(runs):
-                messages += bench.decode(model, in_flight, 1, 1, steps)["sent"]
-            step_cpus.append((server.cpu_seconds() - before) / messages)
-            before = server.cpu_seconds()
-            calls = 0
-            for _ in range(runs):  # as many client processes (and connections) as the sessions'
-                calls += bench.run("--model", model, "--kind", "causal", "--random", "1,1",
-                                   "--requests", messages // runs, "--duration", 0, "-c",
-                                   in_flight, "--warmup-seconds", 0, "--warmup", 0)["ok"]
-            forward_cpus.append((server.cpu_seconds() - before) / calls)
+            step_cpu, messages = per_message(
+                runs, lambda: bench.decode(model, in_flight, 1, 1, steps)["sent"])
+            step_cpus.append(step_cpu)
+            forward_cpus.append(per_message(runs, lambda: bench.run(
+                "--model", model, "--kind", "causal", "--random", "1,1", "--requests",
+                messages // runs, "--duration", 0, "-c", in_flight, "--warmup-seconds", 0,
+                "--warmup", 0)["ok"])[0])
         step_cpu, forward_cpu = median(step_cpus), median(forward_cpus)
         rows[in_flight] = step_cpu, forward_cpu
         print(f"  load tester, {in_flight:2d} in flight: {step_cpu * 1e6:.1f} us per streamed "
