@@ -283,7 +283,10 @@ absl::Status Server::StartHealthPort(const ServerOptions& options) {
 absl::Status Server::StartHttpPort(const ServerOptions& options) {
   if (HttpOff(options.http_listen)) return absl::OkStatus();
   HttpRouter router;
-  http_bodies_ = std::make_unique<HttpBodyBudget>(HttpBodiesBytes(options));
+  http_bodies_ = std::make_unique<HttpBodyBudget>(
+      HttpBodiesBytes(options),
+      [metrics = metrics_.get()](int64_t change) { metrics->HttpBodyBytesChanged(change); });
+  metrics_->SetHttpBodyLimit(http_bodies_->limit());
   const HttpBodyLimits limits{.max_bytes = MaxMessageBytes(options),
                               .read_time = std::chrono::milliseconds(options.http_body_timeout_ms),
                               .budget = http_bodies_.get()};

@@ -66,9 +66,6 @@ class Server {
   // Calls accepted and not yet answered (queued or computing), over every model.
   int pending_calls() const { return registry_->pending(); }
 
-  // Bytes of request bodies the REST port holds now, of its --http-bodies-mib (0 without it).
-  int64_t http_body_bytes() const { return http_bodies_ != nullptr ? http_bodies_->used() : 0; }
-
   // The graceful stop's first half: health NOT_SERVING, new calls UNAVAILABLE, queued and
   // running calls finish; calls still queued when `grace` ends are answered UNAVAILABLE (a
   // running computation finishes). New calls keep being refused UNAVAILABLE for at least

@@ -227,6 +227,18 @@ struct Metrics::Families {
                                     "period passes idle.")
                               .Register(r)
                               .Add({})),
+        http_body_bytes(prometheus::BuildGauge()
+                            .Name("attnserve_http_body_bytes")
+                            .Help("Bytes of request bodies the REST port holds now, counted as "
+                                  "they arrive and until their answer.")
+                            .Register(r)
+                            .Add({})),
+        http_body_limit(prometheus::BuildGauge()
+                            .Name("attnserve_http_body_limit_bytes")
+                            .Help("The request bodies the REST port holds at once, at most "
+                                  "(--http-bodies-mib); a body past the room left gets 503.")
+                            .Register(r)
+                            .Add({})),
         session_messages(prometheus::BuildCounter()
                              .Name("attnserve_session_messages_total")
                              .Help("Messages of decode sessions answered (Decode and "
@@ -288,6 +300,8 @@ struct Metrics::Families {
   Family<Gauge>& kv_cache_bytes;
   Gauge& kv_cache_limit;
   Gauge& kv_cache_resident;
+  Gauge& http_body_bytes;
+  Gauge& http_body_limit;
   Family<Counter>& session_messages;
   Family<Counter>& decode_tokens;
   Family<Histogram>& decode_step_tokens;
@@ -387,6 +401,14 @@ void Metrics::SetKvCacheLimit(int64_t bytes) {
 
 void Metrics::SetKvCacheResident(int64_t bytes) {
   if (enabled_) families_->kv_cache_resident.Set(static_cast<double>(bytes));
+}
+
+void Metrics::SetHttpBodyLimit(int64_t bytes) {
+  if (enabled_) families_->http_body_limit.Set(static_cast<double>(bytes));
+}
+
+void Metrics::HttpBodyBytesChanged(int64_t change) {
+  if (enabled_) families_->http_body_bytes.Increment(static_cast<double>(change));
 }
 
 Metrics::Metrics(bool enabled) : enabled_(enabled) {

@@ -156,6 +156,12 @@ class Metrics {
   // Sets attnserve_kv_cache_resident_bytes, the bytes of the KV cache's slabs in memory.
   void SetKvCacheResident(int64_t bytes);
 
+  // Sets attnserve_http_body_limit_bytes, the REST port's room for request bodies.
+  void SetHttpBodyLimit(int64_t bytes);
+  // The REST port holds `change` bytes more (fewer, when negative) of request bodies
+  // (attnserve_http_body_bytes).
+  void HttpBodyBytesChanged(int64_t change);
+
   // Sets attnserve_model_info for a model (its newest ready version's shapes), replacing the
   // model's previous series.
   void SetModelInfo(const ModelSummary& model);

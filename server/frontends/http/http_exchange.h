@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -26,7 +27,9 @@ namespace attnserve::server {
 // declaring a large body that never comes hold none of it.
 class HttpBodyBudget {
  public:
-  explicit HttpBodyBudget(int64_t limit) : limit_(limit) {}
+  // `changed` (if any) hears each change of the bytes held, as it happens (a gauge's deltas).
+  explicit HttpBodyBudget(int64_t limit, std::function<void(int64_t change)> changed = nullptr)
+      : limit_(limit), changed_(std::move(changed)) {}
   int64_t limit() const { return limit_; }
   int64_t used() const { return used_.load(); }
   // Takes `bytes` more; false, taking nothing, when that would pass the limit.
@@ -35,12 +38,17 @@ class HttpBodyBudget {
     do {
       if (used + bytes > limit_) return false;
     } while (!used_.compare_exchange_weak(used, used + bytes));
+    if (changed_) changed_(bytes);
     return true;
   }
-  void Give(int64_t bytes) { used_.fetch_sub(bytes); }
+  void Give(int64_t bytes) {
+    used_.fetch_sub(bytes);
+    if (changed_) changed_(-bytes);
+  }
 
  private:
   const int64_t limit_;
+  const std::function<void(int64_t change)> changed_;
   std::atomic<int64_t> used_{0};
 };
 
