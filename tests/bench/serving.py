@@ -143,7 +143,7 @@ def main():
     p.add_argument("--server-args", default="", help="extra attnserve flags for every run")
     p.add_argument("--client", choices=["cpp", "python"], default="cpp",
                    help="the load's client: serving_load (C++) or serving_load.py (grpcio, "
-                        "the client the first serving measurements used)")
+                        "the client a Python user would have)")
     args = p.parse_args()
     binary = os.path.join(args.build, "server", "attnserve")
     extra = shlex.split(args.server_args)
