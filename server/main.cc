@@ -80,7 +80,8 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "REST connections served at once (a thread each); more wait to be accepted")
       ->capture_default_str();
   app.add_option("--http-header-timeout", flags.http_header_timeout_s,
-                 "Seconds a REST request's line and headers have to arrive")
+                 "Seconds a REST request's line and headers have to arrive; also the longest "
+                 "pause within its body")
       ->check(CLI::Range(0.001, 2e6))
       ->capture_default_str();
   app.add_option("--http-body-timeout", flags.http_body_timeout_s,

@@ -1008,6 +1008,36 @@ TEST_F(HttpTest, MalformedHttpIsRefusedAndTheServerGoesOn) {
   EXPECT_EQ(Infer(SmallCall(), {}).status, 200);
 }
 
+// A Content-Length that another server could read otherwise (a list, hex, a fraction, trailing
+// text, two headers) is refused 400 and its connection closed: the bytes after it, here a whole
+// request, are never answered as one (request smuggling through a proxy in front).
+TEST_F(HttpTest, AnAmbiguousContentLengthIsRefusedAndWhatFollowsIsNeverARequest) {
+  const int port = server_->http_port();
+  const std::string inner = "GET /v2/models/demo HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string length = std::to_string(inner.size());
+  for (const std::string& header : std::vector<std::string>{
+           "Content-Length: 0, " + length, "Content-Length: 0x29", "Content-Length: 0abc",
+           "Content-Length: 1e2", "Content-Length: 5.0",
+           "Content-Length: 0\r\nContent-Length: " + length,
+           "Content-Length: 0\r\nContent-Length: 0"}) {
+    const std::string answer = RawExchange(
+        port, "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\n" + header + "\r\n\r\n" + inner,
+        std::chrono::seconds(5), /*close_write=*/true);
+    EXPECT_EQ(RawStatus(answer), 400) << header << ": " << answer;
+    EXPECT_NE(answer.find("Content-Length"), std::string::npos) << header << ": " << answer;
+    EXPECT_EQ(answer.find("HTTP/1.1", 1), std::string::npos)
+        << header << ": a second answer: " << answer;
+  }
+  // A plain length still frames its body (a space after it allowed), and keep-alive serves the
+  // request after it.
+  const std::string two = RawExchange(
+      port,
+      "POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2 \r\n\r\n{}" + inner,
+      std::chrono::seconds(5), /*close_write=*/true);
+  EXPECT_EQ(RawStatus(two), 400) << two;
+  EXPECT_NE(two.find("200 OK"), std::string::npos) << two;
+}
+
 // Sends `prefix` at once, then `trickle` a byte every `gap` on one connection, until the
 // server answers or closes it (or `give_up` passes); how long that took.
 std::chrono::milliseconds TrickleUntilAnswered(int port, const std::string& prefix,

@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/frontends/http/civetweb_openssl3.h"
@@ -80,6 +82,14 @@ class CivetExchange final : public HttpExchange {
     }
     return std::nullopt;
   }
+  // How many headers are named `name`.
+  int HeaderCount(absl::string_view name) const {
+    int count = 0;
+    for (int i = 0; i < info_->num_headers; ++i) {
+      count += absl::EqualsIgnoreCase(info_->http_headers[i].name, name) ? 1 : 0;
+    }
+    return count;
+  }
   int64_t content_length() const override {
     return Header("Transfer-Encoding").has_value() ? -1 : info_->content_length;
   }
@@ -128,6 +138,29 @@ void CivetExchange::Linger() {
   }
 }
 
+// Where a request's body ends must be beyond doubt (RFC 9112 6.3): civetweb takes the first of
+// two Content-Length headers and reads a length from its leading digits ("0, 41", "0x29" and
+// "5.0" are lengths to it), where another server may read the same header otherwise.
+absl::Status CheckFraming(const CivetExchange& exchange) {
+  const std::optional<absl::string_view> length = exchange.Header("Content-Length");
+  if (exchange.Header("Transfer-Encoding").has_value() && length.has_value()) {
+    return absl::InvalidArgumentError(
+        "both Transfer-Encoding and Content-Length: send one of them");
+  }
+  if (const int count = exchange.HeaderCount("Content-Length"); count > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Content-Length given ", count, " times: send it once"));
+  }
+  if (!length.has_value()) return absl::OkStatus();
+  // (civetweb strips the spaces before a value, and those between a name and its colon.)
+  const absl::string_view digits = absl::StripTrailingAsciiWhitespace(*length);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) {
+    return absl::InvalidArgumentError(absl::StrCat("Content-Length '", Clipped(*length),
+                                                   "' is not a length (decimal digits alone)"));
+  }
+  return absl::OkStatus();
+}
+
 // A body the port's budget cannot take now (others hold it): the client may retry soon.
 absl::Status BudgetSpent(const HttpBodyBudget& budget) {
   return absl::UnavailableError(
@@ -156,7 +189,9 @@ absl::Status CivetExchange::ReadBody(const HttpBodyLimits& limits, size_t paddin
   // still blocked at the deadline has its connection cut (a fast start, then a trickle).
   const SlowReadCutter::Watch watch = WatchReads(deadline);
   constexpr size_t kMaxRead = 64 << 10;
-  char chunk[kMaxRead];
+  // On the heap: civetweb's threads have stacks of 100 KiB or so.
+  const auto buffer = std::make_unique<char[]>(kMaxRead);
+  char* const chunk = buffer.get();
   size_t want = 64;
   while (true) {
     const Clock::time_point start = Clock::now();
@@ -167,9 +202,10 @@ absl::Status CivetExchange::ReadBody(const HttpBodyLimits& limits, size_t paddin
     }
     if (n == 0) break;
     if (n < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the body could not be read after ", bytes.size(),
-                       " bytes (malformed chunked encoding, a timeout, or the client left)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the body could not be read after ", bytes.size(),
+          " bytes (malformed chunked encoding, a pause past --http-header-timeout, or the "
+          "client left)"));
     }
     if (static_cast<int64_t>(bytes.size()) + n > max_bytes) {
       return TooLarge(
@@ -191,7 +227,8 @@ absl::Status CivetExchange::ReadBody(const HttpBodyLimits& limits, size_t paddin
   }
   if (declared >= 0 && static_cast<int64_t>(bytes.size()) < declared) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the body ended after ", bytes.size(), " of ", declared, " bytes"));
+        absl::StrCat("the body stopped after ", bytes.size(), " of ", declared,
+                     " bytes (the client closed, or paused past --http-header-timeout)"));
   }
   return absl::OkStatus();
 }
@@ -348,14 +385,10 @@ int HttpServer::Handle(mg_connection* connection) {
                /*close=*/true);
     return 400;
   }
-  if (exchange.Header("Transfer-Encoding").has_value() &&
-      exchange.Header("Content-Length").has_value()) {
-    // RFC 9112: such a message ought to be an error; a proxy in front that took the other
-    // length would see another request in the same bytes (request smuggling).
-    ReplyError(
-        exchange,
-        absl::InvalidArgumentError("both Transfer-Encoding and Content-Length: send one of them"),
-        /*close=*/true);
+  if (absl::Status framing = CheckFraming(exchange); !framing.ok()) {
+    // A proxy in front that took another length than civetweb's would see another request in
+    // the same bytes (request smuggling): refused, and the connection closed unread.
+    ReplyError(exchange, framing, /*close=*/true);
     return 400;
   }
   // The probes' two paths need no token (probes send none); every other path does, whether or
