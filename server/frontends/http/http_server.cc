@@ -189,8 +189,9 @@ absl::Status CivetExchange::ReadBody(const HttpBodyLimits& limits, size_t paddin
   // still blocked at the deadline has its connection cut (a fast start, then a trickle).
   const SlowReadCutter::Watch watch = WatchReads(deadline);
   constexpr size_t kMaxRead = 64 << 10;
-  // On the heap: civetweb's threads have stacks of 100 KiB or so.
-  const auto buffer = std::make_unique<char[]>(kMaxRead);
+  // On the heap: civetweb's threads have stacks of 100 KiB or so. (Not zeroed: every byte used
+  // is read into it first.)
+  const auto buffer = std::make_unique_for_overwrite<char[]>(kMaxRead);
   char* const chunk = buffer.get();
   size_t want = 64;
   while (true) {
