@@ -344,7 +344,9 @@ TEST(SchedulerTest, ACallWhoseDeadlinePassesLeavesTheQueueThen) {
   ComputeExecutor executor(1);
   CallReporter reporter;
   Scheduler scheduler("m", Options(4096, seconds(10)), &executor, &reporter);
-  FakeJob job({8}, 8, 1, Clock::now() + milliseconds(100));
+  // (A deadline far enough that a loaded machine, TSan's included, still queues the call: at
+  // 100 ms, Submit once came after it and refused the call at once.)
+  FakeJob job({8}, 8, 1, Clock::now() + seconds(1));
   Queue(scheduler, job);
   const std::optional<absl::Status> status = job.Wait(seconds(5));
   ASSERT_TRUE(status.has_value()) << "the call stayed queued past its deadline";
