@@ -35,9 +35,12 @@ case "$mode" in
     # TSan-slowed client misses on a loaded machine (1 run in 3 here); the drain is still run
     # under TSan by ProcessTest.SigtermFinishesCallsInFlightAndExitsZero.
     # Nor prometheus_scrape (what a Prometheus makes of /metrics; MetricsPortTest races scrapes).
-    # (Only server_tests is built, and none of its tests is labelled core: one plain ctest.)
+    # (Only server_tests is built, and none of its tests is labelled core: one ctest.) Two tests
+    # at a time, unlike run_suites' server suites: this run comes last, with no build in the
+    # background to take the CPU a server test leaves while it waits (the cases that must run
+    # alone are marked RUN_SERIAL, tests/CMakeLists.txt).
     build=build-tsan sanitize=thread targets=(server_tests)
-    suites=(ctest --test-dir "$build" --output-on-failure -L server -LE prometheus
+    suites=(ctest --test-dir "$build" --output-on-failure -j2 -L server -LE prometheus
             -E '^ShutdownTest\.')
     # OpenMP's runtimes (libomp for our kernel, libgomp inside oneDNN) are not instrumented:
     # one compute thread keeps their workers, and TSan's false reports about them, away.
