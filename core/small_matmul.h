@@ -10,6 +10,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
 
 namespace attnserve::core {
 
@@ -43,5 +46,11 @@ class SmallMatmulWeights {
 // the widest vectors this CPU has.
 void SmallMatmul(int64_t rows, const SmallMatmulWeights& w, int64_t first, int64_t cols,
                  const float* x, const float* bias, float* y);
+
+// The flavours this CPU runs, widest first ("avx512", "avx2", "portable"), and SmallMatmul on one
+// of them (nothing for a name not listed): for tests and comparisons.
+std::vector<std::string> SmallMatmulFlavours();
+void SmallMatmulWith(std::string_view flavour, int64_t rows, const SmallMatmulWeights& w,
+                     int64_t first, int64_t cols, const float* x, const float* bias, float* y);
 
 }  // namespace attnserve::core
