@@ -79,6 +79,12 @@ absl::StatusOr<std::shared_ptr<const CachedMatmul>> GetMatmul(const MatmulKey& k
   }
 }
 
+bool Bf16MatmulSupported() {
+  static const bool supported =
+      GetMatmul({.m = DNNL_RUNTIME_DIM_VAL, .k = 64, .n = 64, .bf16 = true}).ok();
+  return supported;
+}
+
 void ExecuteMatmul(const CachedMatmul& matmul, const MatmulArgs& args) {
   const MatmulKey& key = matmul.key;
   const dt in_type = key.bf16 ? dt::bf16 : dt::f32;

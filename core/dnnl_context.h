@@ -55,6 +55,9 @@ struct MatmulArgs {
   void* scratchpad = nullptr;  // at least scratchpad_bytes
 };
 
+// Whether oneDNN multiplies bf16 on this CPU (oneDNN 2.6: AVX-512 at least); tried once.
+bool Bf16MatmulSupported();
+
 // Runs `matmul` on the calling thread's stream and waits. Throws dnnl::error (callers catch it
 // at the core boundary).
 void ExecuteMatmul(const CachedMatmul& matmul, const MatmulArgs& args);

@@ -220,12 +220,15 @@ int64_t ForwardShapes::attention_size() const {
 struct Layer::Impl {
   LayerSpec spec;
   Precision precision = Precision::kF32;
-  std::vector<float> w_qkv, w_o;         // f32 weights (W^T; empty for bf16)
+  // bf16 operands in the matmuls: precision bf16 where oneDNN multiplies bf16 on this CPU. Else a
+  // bf16 layer's weights are rounded to bf16 and kept, and multiplied, as f32.
+  bool bf16_matmul = false;
+  std::vector<float> w_qkv, w_o;         // f32 weights (W^T; empty with bf16 matmuls)
   std::vector<float> b_qkv, b_o;         // biases, f32 for both precisions
-  std::vector<uint16_t> w_qkv16, w_o16;  // bf16 weights
+  std::vector<uint16_t> w_qkv16, w_o16;  // bf16 weights (with bf16 matmuls)
   std::unique_ptr<const SmallMatmulWeights> small_in, small_kv, small_o;
 
-  bool bf16() const { return precision == Precision::kBF16; }
+  bool bf16() const { return bf16_matmul; }
   bool fused() const { return spec.serves_self_attention(); }
   // An f32 projection: W^T at `w`, rows `ld` apart, and its columns in SmallMatmul's `small`.
   static Projection F32(const float* w, const float* b, int64_t k, int64_t n, int64_t ld,
@@ -313,6 +316,20 @@ float* Destination(const Projection& p) {
   return const_cast<float*>(static_cast<const float*>(p.weights));
 }
 
+// Each value rounded to the nearest bf16 (as ConvertToBf16), kept as f32.
+void RoundToBf16Values(std::vector<float>& values) {
+  constexpr int64_t kChunk = 4096;
+  uint16_t rounded[kChunk];
+  for (size_t i = 0; i < values.size(); i += kChunk) {
+    const int64_t n = std::min<int64_t>(kChunk, static_cast<int64_t>(values.size() - i));
+    ConvertToBf16(values.data() + i, rounded, n);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t bits = static_cast<uint32_t>(rounded[j]) << 16;
+      std::memcpy(&values[i + j], &bits, sizeof(bits));
+    }
+  }
+}
+
 std::vector<uint16_t> ToBf16(const std::vector<float>& values) {
   std::vector<uint16_t> out(values.size());
   ConvertToBf16(values.data(), out.data(), static_cast<int64_t>(values.size()));
@@ -333,7 +350,14 @@ absl::StatusOr<std::shared_ptr<const Layer>> Layer::Create(LayerWeights weights,
     const int64_t inner = spec.inner();
     impl->b_qkv = Stack({&weights.b_q, &weights.b_k, &weights.b_v});
     impl->b_o = std::move(weights.b_o);
-    if (precision == Precision::kBF16) {
+    impl->bf16_matmul = precision == Precision::kBF16 && Bf16MatmulSupported();
+    if (precision == Precision::kBF16 && !impl->bf16_matmul) {
+      // The same weights as a bf16 matmul would read, multiplied in f32 (activations unrounded).
+      for (std::vector<float>* w : {&weights.w_q, &weights.w_k, &weights.w_v, &weights.w_o}) {
+        RoundToBf16Values(*w);
+      }
+    }
+    if (impl->bf16_matmul) {
       // Rounded once here; activations are rounded per call, accumulation stays f32.
       impl->w_qkv16 = ToBf16(Stack({&weights.w_q, &weights.w_k, &weights.w_v}));
       impl->w_o16 = ToBf16(weights.w_o);

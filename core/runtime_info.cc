@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "core/dnnl_context.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve::core {
@@ -45,6 +46,7 @@ RuntimeInfo GetRuntimeInfo() {
                       std::to_string(v->patch) + " (" + v->hash + ")";
   info.cpu_isa = IsaName(dnnl::get_effective_cpu_isa());
   info.compute_threads = omp_get_max_threads();
+  info.bf16_matmul = Bf16MatmulSupported();
   return info;
 }
 

@@ -457,6 +457,7 @@ void Server::LogSummary(const ServerOptions& options, const core::RuntimeInfo& r
        {"model_control_mode", std::string(ControlModeName(options.model_control_mode))},
        {"onednn", runtime.dnnl_version},
        {"isa", runtime.cpu_isa},
+       {"bf16_matmul", runtime.bf16_matmul ? "onednn" : "f32 (no bf16 matmul on this CPU)"},
        {"compute_threads",
         options.compute_threads > 0 ? options.compute_threads : runtime.compute_threads},
        {"max_message_mib", options.max_message_mib},
