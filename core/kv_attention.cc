@@ -15,9 +15,10 @@
 // One body, compiled three times: for AVX-512, for AVX2 + FMA (per-function target attributes,
 // no global flags) and portable; the widest the CPU has is chosen once at run time, as the
 // attention tiles are (attention_tiles_avx512.cc). The body works on 16-float vectors (GCC and
-// clang vector extensions), which each flavour lowers to its own registers: one zmm, two ymm or
-// four xmm. A fourth flavour, for CPUs with AVX512-BF16, multiplies a bf16 cache in bf16 with
-// intrinsics of its own (see AttendTileBf16Dot).
+// clang vector extensions): one zmm for AVX-512; for AVX2 a pair of 8-float vectors, one ymm each
+// (Floats8x2, below); the portable flavour leaves them to the compiler. A fourth flavour, for CPUs
+// with AVX512-BF16, multiplies a bf16 cache in bf16 with intrinsics of its own (see
+// AttendTileBf16Dot).
 
 // The helpers below pass 16-float vectors by value; they are always inlined, so GCC's note that
 // such a signature's ABI differs with and without AVX-512 concerns no call that exists.
@@ -40,33 +41,109 @@ static_assert(kKvBlockTokens == 16, "a block's 16 keys are one 16-float vector")
 typedef float Floats16 __attribute__((vector_size(64)));
 typedef uint32_t Words16 __attribute__((vector_size(64)));
 typedef int32_t Ints16 __attribute__((vector_size(64)));
+typedef float Floats8 __attribute__((vector_size(32)));
+typedef uint32_t Words8 __attribute__((vector_size(32)));
+typedef int32_t Ints8 __attribute__((vector_size(32)));
 
-// 16 floats from `p` (unaligned).
-[[gnu::always_inline]] inline Floats16 Load16(const float* p) {
-  Floats16 v;
+// The AVX2 flavour's 16 floats (or words): two 8-lane halves, each one ymm register. GCC keeps a
+// 16-lane vector type in memory on a target without 64-byte registers, so that every operation
+// on it went through the stack: the AVX2 kernel ran at 7-8 GB/s a core whether its keys came from
+// memory or the cache, slower than the portable one.
+struct Floats8x2 {
+  Floats8 lo, hi;
+};
+struct Words8x2 {
+  Words8 lo, hi;
+};
+[[gnu::always_inline]] inline Floats8x2 operator+(const Floats8x2& a, const Floats8x2& b) {
+  return {a.lo + b.lo, a.hi + b.hi};
+}
+[[gnu::always_inline]] inline Floats8x2& operator+=(Floats8x2& a, const Floats8x2& b) {
+  a.lo += b.lo;
+  a.hi += b.hi;
+  return a;
+}
+[[gnu::always_inline]] inline Floats8x2 operator*(float s, const Floats8x2& a) {
+  return {s * a.lo, s * a.hi};
+}
+[[gnu::always_inline]] inline Floats8x2 operator*(const Floats8x2& a, float s) {
+  return {a.lo * s, a.hi * s};
+}
+[[gnu::always_inline]] inline Floats8x2 operator-(const Floats8x2& a, float s) {
+  return {a.lo - s, a.hi - s};
+}
+
+// The words that hold 16 bf16 pairs beside each 16-float vector type.
+template <typename V>
+struct PairsOf;
+template <>
+struct PairsOf<Floats16> {
+  using Type = Words16;
+};
+template <>
+struct PairsOf<Floats8x2> {
+  using Type = Words8x2;
+};
+
+// 16 floats from `p` (unaligned), and back.
+template <typename V = Floats16>
+[[gnu::always_inline]] inline V Load16(const float* p) {
+  V v;
   __builtin_memcpy(&v, p, sizeof(v));
   return v;
+}
+template <>
+[[gnu::always_inline]] inline Floats8x2 Load16<Floats8x2>(const float* p) {
+  Floats8x2 v;
+  __builtin_memcpy(&v.lo, p, sizeof(v.lo));
+  __builtin_memcpy(&v.hi, p + 8, sizeof(v.hi));
+  return v;
+}
+[[gnu::always_inline]] inline void Store16(float* p, const Floats16& v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+[[gnu::always_inline]] inline void Store16(float* p, const Floats8x2& v) {
+  __builtin_memcpy(p, &v.lo, sizeof(v.lo));
+  __builtin_memcpy(p + 8, &v.hi, sizeof(v.hi));
 }
 
 // A bf16 cache's 64 bytes hold 32 values as 16 pairs (two dimensions of 16 keys, or 16
 // dimensions of two rows): the first of each pair is the low half of a 32-bit lane, the second
 // the high half, and a bf16 is the high half of its f32. One shift or one mask widens 16.
-[[gnu::always_inline]] inline Words16 LoadPairs(const uint16_t* p) {
-  Words16 w;
+template <typename V>
+[[gnu::always_inline]] inline typename PairsOf<V>::Type LoadPairs(const uint16_t* p) {
+  typename PairsOf<V>::Type w;
   __builtin_memcpy(&w, p, sizeof(w));
   return w;
 }
-[[gnu::always_inline]] inline Floats16 First(const Words16& w) {
-  const Words16 bits = w << 16;
-  Floats16 f;
+template <>
+[[gnu::always_inline]] inline Words8x2 LoadPairs<Floats8x2>(const uint16_t* p) {
+  Words8x2 w;
+  __builtin_memcpy(&w.lo, p, sizeof(w.lo));
+  __builtin_memcpy(&w.hi, p + 16, sizeof(w.hi));
+  return w;
+}
+template <typename F, typename W>
+[[gnu::always_inline]] inline F FirstOf(const W& w) {
+  const W bits = w << 16;
+  F f;
   __builtin_memcpy(&f, &bits, sizeof(f));
   return f;
 }
-[[gnu::always_inline]] inline Floats16 Second(const Words16& w) {
-  const Words16 bits = w & 0xffff0000u;
-  Floats16 f;
+template <typename F, typename W>
+[[gnu::always_inline]] inline F SecondOf(const W& w) {
+  const W bits = w & 0xffff0000u;
+  F f;
   __builtin_memcpy(&f, &bits, sizeof(f));
   return f;
+}
+[[gnu::always_inline]] inline Floats16 First(const Words16& w) { return FirstOf<Floats16>(w); }
+[[gnu::always_inline]] inline Floats16 Second(const Words16& w) { return SecondOf<Floats16>(w); }
+[[gnu::always_inline]] inline Floats8x2 First(const Words8x2& w) {
+  return {FirstOf<Floats8>(w.lo), FirstOf<Floats8>(w.hi)};
+}
+[[gnu::always_inline]] inline Floats8x2 Second(const Words8x2& w) {
+  return {SecondOf<Floats8>(w.lo), SecondOf<Floats8>(w.hi)};
 }
 
 inline float Widen(uint16_t x) {
@@ -78,15 +155,16 @@ inline float Widen(uint16_t x) {
 
 // x = e^x, elementwise, for -87 <= x <= 0 (scores less their maximum; below -87 it gives e^-87
 // rather than 0, a weight of 1.6e-38 against the maximum's 1), within a few ulp of std::exp.
-[[gnu::always_inline]] inline void Exp16(Floats16& x) {
-  x = x < -87.0f ? Floats16{} - 87.0f : x;
+template <typename F, typename I>
+[[gnu::always_inline]] inline void ExpLanes(F& x) {
+  x = x < -87.0f ? F{} - 87.0f : x;
   // e^x = 2^n * e^f with n = round(x / ln 2); f = x - n ln 2 in two parts (Cody and Waite), so
   // that the reduction adds no rounding error of its own. x - 0.5 ln 2 < 0: truncation rounds.
-  const Ints16 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, Ints16);
-  const Floats16 nf = __builtin_convertvector(n, Floats16);
-  const Floats16 f = (x - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
+  const I n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, I);
+  const F nf = __builtin_convertvector(n, F);
+  const F f = (x - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
   // e^f for |f| <= ln(2) / 2, Taylor to f^7 (error below 2e-8 relative).
-  Floats16 p = 1.0f / 5040 + f * (1.0f / 40320);
+  F p = 1.0f / 5040 + f * (1.0f / 40320);
   p = 1.0f / 720 + f * p;
   p = 1.0f / 120 + f * p;
   p = 1.0f / 24 + f * p;
@@ -94,10 +172,15 @@ inline float Widen(uint16_t x) {
   p = 0.5f + f * p;
   p = 1.0f + f * p;
   p = 1.0f + f * p;
-  const Ints16 scale_bits = (n + 127) << 23;  // 2^n, n >= -126
-  Floats16 two_n;
+  const I scale_bits = (n + 127) << 23;  // 2^n, n >= -126
+  F two_n;
   __builtin_memcpy(&two_n, &scale_bits, sizeof(two_n));
   x = p * two_n;
+}
+[[gnu::always_inline]] inline void Exp16(Floats16& x) { ExpLanes<Floats16, Ints16>(x); }
+[[gnu::always_inline]] inline void Exp16(Floats8x2& x) {
+  ExpLanes<Floats8, Ints8>(x.lo);
+  ExpLanes<Floats8, Ints8>(x.hi);
 }
 
 // The online softmax's rescale of what a head has summed when a block raises its maximum from
@@ -118,70 +201,72 @@ constexpr int64_t KeyElements(int64_t head_dim) {
 
 // The 16 keys' dot products with q: keys column-major ([head_dim][16]), so one vector FMA a
 // dimension, in four independent chains.
-[[gnu::always_inline]] inline Floats16 Scores(const float* q, const float* keys, int64_t head_dim) {
-  Floats16 dots0 = {}, dots1 = {}, dots2 = {}, dots3 = {};
+template <typename V>
+[[gnu::always_inline]] inline V Scores(const float* q, const float* keys, int64_t head_dim) {
+  V dots0 = {}, dots1 = {}, dots2 = {}, dots3 = {};
   int64_t d = 0;
   for (; d + 4 <= head_dim; d += 4) {
-    dots0 += q[d] * Load16(keys + d * kKvBlockTokens);
-    dots1 += q[d + 1] * Load16(keys + (d + 1) * kKvBlockTokens);
-    dots2 += q[d + 2] * Load16(keys + (d + 2) * kKvBlockTokens);
-    dots3 += q[d + 3] * Load16(keys + (d + 3) * kKvBlockTokens);
+    dots0 += q[d] * Load16<V>(keys + d * kKvBlockTokens);
+    dots1 += q[d + 1] * Load16<V>(keys + (d + 1) * kKvBlockTokens);
+    dots2 += q[d + 2] * Load16<V>(keys + (d + 2) * kKvBlockTokens);
+    dots3 += q[d + 3] * Load16<V>(keys + (d + 3) * kKvBlockTokens);
   }
-  for (; d < head_dim; ++d) dots0 += q[d] * Load16(keys + d * kKvBlockTokens);
+  for (; d < head_dim; ++d) dots0 += q[d] * Load16<V>(keys + d * kKvBlockTokens);
   return (dots0 + dots1) + (dots2 + dots3);
 }
 
 // bf16 keys in dimension pairs ([head_dim / 2][16][2]): one load, a shift and a mask give two
 // dimensions of the 16 keys.
-[[gnu::always_inline]] inline Floats16 Scores(const float* q, const uint16_t* keys,
-                                              int64_t head_dim) {
-  Floats16 dots0 = {}, dots1 = {}, dots2 = {}, dots3 = {};
+template <typename V>
+[[gnu::always_inline]] inline V Scores(const float* q, const uint16_t* keys, int64_t head_dim) {
+  V dots0 = {}, dots1 = {}, dots2 = {}, dots3 = {};
   constexpr int64_t kPair = 2 * kKvBlockTokens;  // elements of one dimension pair
   int64_t d = 0;
   for (; d + 4 <= head_dim; d += 4) {
-    const Words16 w0 = LoadPairs(keys + d / 2 * kPair);
-    const Words16 w1 = LoadPairs(keys + (d / 2 + 1) * kPair);
+    const auto w0 = LoadPairs<V>(keys + d / 2 * kPair);
+    const auto w1 = LoadPairs<V>(keys + (d / 2 + 1) * kPair);
     dots0 += q[d] * First(w0);
     dots1 += q[d + 1] * Second(w0);
     dots2 += q[d + 2] * First(w1);
     dots3 += q[d + 3] * Second(w1);
   }
   for (; d + 2 <= head_dim; d += 2) {
-    const Words16 w = LoadPairs(keys + d / 2 * kPair);
+    const auto w = LoadPairs<V>(keys + d / 2 * kPair);
     dots0 += q[d] * First(w);
     dots1 += q[d + 1] * Second(w);
   }
-  if (d < head_dim) dots0 += q[d] * First(LoadPairs(keys + d / 2 * kPair));
+  if (d < head_dim) dots0 += q[d] * First(LoadPairs<V>(keys + d / 2 * kPair));
   return (dots0 + dots1) + (dots2 + dots3);
 }
 
 // acc = acc * correction + sum over the block's rows of weights[r] * values[r]: f32 values
 // row-major ([16][head_dim]), four 16-dimension slices at a time, their accumulators held in
 // registers across the rows.
+template <typename V>
 [[gnu::always_inline]] inline void AddValues(const float* weights, const float* values,
                                              int64_t rows, int64_t head_dim, float correction,
                                              float* acc) {
   const int64_t slices = head_dim / 16 * 16;  // dimensions in whole 16-float slices
   int64_t c = 0;
   for (; c + 64 <= slices; c += 64) {
-    Floats16 a0 = Load16(acc + c) * correction, a1 = Load16(acc + c + 16) * correction;
-    Floats16 a2 = Load16(acc + c + 32) * correction, a3 = Load16(acc + c + 48) * correction;
+    V a0 = Load16<V>(acc + c) * correction, a1 = Load16<V>(acc + c + 16) * correction;
+    V a2 = Load16<V>(acc + c + 32) * correction, a3 = Load16<V>(acc + c + 48) * correction;
     for (int64_t r = 0; r < rows; ++r) {
       const float* v = values + r * head_dim + c;
-      a0 += weights[r] * Load16(v);
-      a1 += weights[r] * Load16(v + 16);
-      a2 += weights[r] * Load16(v + 32);
-      a3 += weights[r] * Load16(v + 48);
+      a0 += weights[r] * Load16<V>(v);
+      a1 += weights[r] * Load16<V>(v + 16);
+      a2 += weights[r] * Load16<V>(v + 32);
+      a3 += weights[r] * Load16<V>(v + 48);
     }
-    __builtin_memcpy(acc + c, &a0, sizeof(a0));
-    __builtin_memcpy(acc + c + 16, &a1, sizeof(a1));
-    __builtin_memcpy(acc + c + 32, &a2, sizeof(a2));
-    __builtin_memcpy(acc + c + 48, &a3, sizeof(a3));
+    Store16(acc + c, a0);
+    Store16(acc + c + 16, a1);
+    Store16(acc + c + 32, a2);
+    Store16(acc + c + 48, a3);
   }
   for (; c < slices; c += 16) {
-    Floats16 a = Load16(acc + c) * correction;
-    for (int64_t r = 0; r < rows; ++r) a += weights[r] * Load16(values + r * head_dim + c);
-    __builtin_memcpy(acc + c, &a, sizeof(a));
+    V a = Load16<V>(acc + c) * correction;
+    for (int64_t r = 0; r < rows; ++r) a += weights[r] * Load16<V>(values + r * head_dim + c);
+    Store16(acc + c, a);
   }
   for (; c < head_dim; ++c) {
     float a = acc[c] * correction;
@@ -192,6 +277,7 @@ constexpr int64_t KeyElements(int64_t head_dim) {
 
 // The same for bf16 values in row pairs ([8][head_dim][2]): one load, a shift and a mask give
 // 16 dimensions of two rows. A last odd row is read alone: the row after it was never written.
+template <typename V>
 [[gnu::always_inline]] inline void AddValues(const float* weights, const uint16_t* values,
                                              int64_t rows, int64_t head_dim, float correction,
                                              float* acc) {
@@ -200,13 +286,13 @@ constexpr int64_t KeyElements(int64_t head_dim) {
   const int64_t pair_stride = 2 * head_dim;  // elements of one row pair
   int64_t c = 0;
   for (; c + 64 <= slices; c += 64) {
-    Floats16 a0 = Load16(acc + c) * correction, a1 = Load16(acc + c + 16) * correction;
-    Floats16 a2 = Load16(acc + c + 32) * correction, a3 = Load16(acc + c + 48) * correction;
+    V a0 = Load16<V>(acc + c) * correction, a1 = Load16<V>(acc + c + 16) * correction;
+    V a2 = Load16<V>(acc + c + 32) * correction, a3 = Load16<V>(acc + c + 48) * correction;
     for (int64_t p = 0; p < pairs; ++p) {
       const uint16_t* v = values + p * pair_stride + 2 * c;
       const float we = weights[2 * p], wo = weights[2 * p + 1];
-      const Words16 w0 = LoadPairs(v), w1 = LoadPairs(v + 32);
-      const Words16 w2 = LoadPairs(v + 64), w3 = LoadPairs(v + 96);
+      const auto w0 = LoadPairs<V>(v), w1 = LoadPairs<V>(v + 32);
+      const auto w2 = LoadPairs<V>(v + 64), w3 = LoadPairs<V>(v + 96);
       a0 += we * First(w0) + wo * Second(w0);
       a1 += we * First(w1) + wo * Second(w1);
       a2 += we * First(w2) + wo * Second(w2);
@@ -215,25 +301,25 @@ constexpr int64_t KeyElements(int64_t head_dim) {
     if (rows % 2 != 0) {
       const uint16_t* v = values + pairs * pair_stride + 2 * c;
       const float we = weights[rows - 1];
-      a0 += we * First(LoadPairs(v));
-      a1 += we * First(LoadPairs(v + 32));
-      a2 += we * First(LoadPairs(v + 64));
-      a3 += we * First(LoadPairs(v + 96));
+      a0 += we * First(LoadPairs<V>(v));
+      a1 += we * First(LoadPairs<V>(v + 32));
+      a2 += we * First(LoadPairs<V>(v + 64));
+      a3 += we * First(LoadPairs<V>(v + 96));
     }
-    __builtin_memcpy(acc + c, &a0, sizeof(a0));
-    __builtin_memcpy(acc + c + 16, &a1, sizeof(a1));
-    __builtin_memcpy(acc + c + 32, &a2, sizeof(a2));
-    __builtin_memcpy(acc + c + 48, &a3, sizeof(a3));
+    Store16(acc + c, a0);
+    Store16(acc + c + 16, a1);
+    Store16(acc + c + 32, a2);
+    Store16(acc + c + 48, a3);
   }
   for (; c < slices; c += 16) {
-    Floats16 a = Load16(acc + c) * correction;
+    V a = Load16<V>(acc + c) * correction;
     for (int64_t p = 0; p < pairs; ++p) {
-      const Words16 w = LoadPairs(values + p * pair_stride + 2 * c);
+      const auto w = LoadPairs<V>(values + p * pair_stride + 2 * c);
       a += weights[2 * p] * First(w) + weights[2 * p + 1] * Second(w);
     }
     if (rows % 2 != 0)
-      a += weights[rows - 1] * First(LoadPairs(values + pairs * pair_stride + 2 * c));
-    __builtin_memcpy(acc + c, &a, sizeof(a));
+      a += weights[rows - 1] * First(LoadPairs<V>(values + pairs * pair_stride + 2 * c));
+    Store16(acc + c, a);
   }
   for (; c < head_dim; ++c) {
     float a = acc[c] * correction;
@@ -252,13 +338,14 @@ struct HeadState {
 };
 
 // One head of one query over one block's `rows` keys and values, T (float or bf16) storage,
-// folded into `state`: the 16 scores side by side (Scores), their exponentials as one vector,
-// the online softmax's rescale once, then the weighted values (AddValues).
-template <typename T>
+// folded into `state`: the 16 scores side by side (Scores, in vectors V), their exponentials as
+// one vector, the online softmax's rescale once, then the weighted values (AddValues).
+template <typename V, typename T>
 [[gnu::always_inline]] inline void AttendBlock(const float* q, const T* keys, int64_t rows,
                                                int64_t head_dim, HeadState& state) {
   const T* values = keys + KeyElements<T>(head_dim);
-  Floats16 scores = Scores(q, keys, head_dim);
+  alignas(64) float scores[kKvBlockTokens];
+  Store16(scores, Scores<V>(q, keys, head_dim));
   float block_max = state.running_max;
   for (int64_t r = 0; r < rows; ++r) block_max = std::max(block_max, scores[r]);
   // Rows past the visible ones hold whatever the block holds there: never used, but kept
@@ -267,13 +354,13 @@ template <typename T>
   const float correction = Correction(state.running_max, block_max);
   state.running_max = block_max;
   alignas(64) float weights[kKvBlockTokens];
-  Floats16 exps = scores - block_max;
+  V exps = Load16<V>(scores) - block_max;
   Exp16(exps);
-  __builtin_memcpy(weights, &exps, sizeof(weights));
+  Store16(weights, exps);
   float block_sum = 0.0f;
   for (int64_t r = 0; r < rows; ++r) block_sum += weights[r];
   state.running_sum = state.running_sum * correction + block_sum;
-  AddValues(weights, values, rows, head_dim, correction, state.acc);
+  AddValues<V>(weights, values, rows, head_dim, correction, state.acc);
 }
 
 // Each (query, head) state of a tile starts empty, its weighted values in `acc`; returns the most
@@ -320,7 +407,7 @@ constexpr int64_t kMaxTileStates = 128;
 // all the tile's queries. The hardware prefetchers follow that stream; asking for the next
 // blocks in software as well (every line of a block at once) made the step slower, 0.80-0.84
 // of a read stream's rate instead of 0.91-0.96.
-template <typename T>
+template <typename V, typename T>
 [[gnu::always_inline]] inline void AttendTileBody(const KvQuery* queries, int64_t count,
                                                   int64_t first_head, int64_t heads,
                                                   int64_t head_dim, float scale) {
@@ -343,8 +430,8 @@ template <typename T>
       const int64_t rows = std::min(kKvBlockTokens, queries[t].visible - start);
       if (rows <= 0) continue;
       for (int64_t h = 0; h < heads; ++h) {
-        AttendBlock<T>(scaled + (t * heads + h) * head_dim, part + h * head_elements, rows,
-                       head_dim, states[t * heads + h]);
+        AttendBlock<V, T>(scaled + (t * heads + h) * head_dim, part + h * head_elements, rows,
+                          head_dim, states[t * heads + h]);
       }
     }
   }
@@ -357,7 +444,7 @@ using AttendFn = void (*)(const KvQuery* queries, int64_t count, int64_t first_h
 template <typename T>
 void AttendTilePortable(const KvQuery* queries, int64_t count, int64_t first_head, int64_t heads,
                         int64_t head_dim, float scale) {
-  AttendTileBody<T>(queries, count, first_head, heads, head_dim, scale);
+  AttendTileBody<Floats16, T>(queries, count, first_head, heads, head_dim, scale);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -365,7 +452,7 @@ template <typename T>
 __attribute__((target("avx2,fma"))) void AttendTileAvx2(const KvQuery* queries, int64_t count,
                                                         int64_t first_head, int64_t heads,
                                                         int64_t head_dim, float scale) {
-  AttendTileBody<T>(queries, count, first_head, heads, head_dim, scale);
+  AttendTileBody<Floats8x2, T>(queries, count, first_head, heads, head_dim, scale);
 }
 
 template <typename T>
@@ -373,7 +460,7 @@ __attribute__((target("avx512f,avx2,fma"))) void AttendTileAvx512(const KvQuery*
                                                                   int64_t count, int64_t first_head,
                                                                   int64_t heads, int64_t head_dim,
                                                                   float scale) {
-  AttendTileBody<T>(queries, count, first_head, heads, head_dim, scale);
+  AttendTileBody<Floats16, T>(queries, count, first_head, heads, head_dim, scale);
 }
 
 // The AVX512-BF16 flavour of the bf16 kernel: vdpbf16ps adds the products of a lane's two bf16s
