@@ -86,7 +86,7 @@ struct PairsOf<Floats8x2> {
 };
 
 // 16 floats from `p` (unaligned), and back.
-template <typename V = Floats16>
+template <typename V>
 [[gnu::always_inline]] inline V Load16(const float* p) {
   V v;
   __builtin_memcpy(&v, p, sizeof(v));

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/attention_kernel.h"
 #include "core/dnnl_context.h"
+#include "core/float16.h"
 #include "core/guarded.h"
 #include "core/kv_attention.h"
 #include "core/layer_limits.h"
@@ -323,10 +324,7 @@ void RoundToBf16Values(std::vector<float>& values) {
   for (size_t i = 0; i < values.size(); i += kChunk) {
     const int64_t n = std::min<int64_t>(kChunk, static_cast<int64_t>(values.size() - i));
     ConvertToBf16(values.data() + i, rounded, n);
-    for (int64_t j = 0; j < n; ++j) {
-      const uint32_t bits = static_cast<uint32_t>(rounded[j]) << 16;
-      std::memcpy(&values[i + j], &bits, sizeof(bits));
-    }
+    for (int64_t j = 0; j < n; ++j) values[i + j] = BFloat16ToFloat(rounded[j]);
   }
 }
 
